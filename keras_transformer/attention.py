@@ -1,0 +1,129 @@
+"""Multi-head scaled dot-product attention (section 3.2)."""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention, `Concat(head_1, ..., head_h) W^O` (section 3.2.2).
+
+    Each head is scaled dot-product attention, `softmax(Q K^T / sqrt(d_k)) V` (section 3.2.1),
+    on its own projections `Q W_i^Q`, `K W_i^K`, `V W_i^V`. Keys and values come from the same
+    tensor in all three uses of section 3.2.3, so the layer takes one `value` input for both.
+    The weights have the shapes of `keras.layers.MultiHeadAttention`'s, in the same order.
+
+    Softmax runs in float32 under mixed precision. Masked positions get a large negative score
+    rather than -inf, so a row with every key masked gives finite (uniform) weights.
+
+    Args:
+        num_heads: h, the number of heads.
+        key_dim: d_k = d_v, the width of each head (the paper uses d_model / h).
+        dropout: dropout rate on the attention weights.
+        kernel_initializer: initializer of W^Q, W^K, W^V and W^O.
+
+    Call arguments:
+        query: `[batch, target_len, d_model]`.
+        value: `[batch, source_len, d_model]`, the keys and values; ignored when `key_value`
+            is given.
+        attention_mask: boolean, broadcastable to `[batch, target_len, source_len]`; True where
+            a query may attend to a key.
+        use_causal_mask: also forbid attending to later positions (decoder self-attention).
+        key_value: optional `(key, value)` pair, each `[batch, source_len, num_heads, key_dim]`,
+            as returned by `compute_key_value`: lets decoding project the encoder output once
+            and keep a cache of past decoder positions.
+        return_attention_scores: also return the weights `[batch, num_heads, target_len,
+            source_len]`.
+        training: whether attention dropout is on.
+
+    Returns:
+        `[batch, target_len, d_model]`, and the weights if `return_attention_scores`.
+
+    Example:
+    >>> attention = MultiHeadAttention(num_heads=8, key_dim=64)
+    >>> x = keras.random.normal((2, 10, 512))
+    >>> attention(x, x, use_causal_mask=True).shape
+    (2, 10, 512)
+    """
+
+    def __init__(self, num_heads, key_dim, dropout=0.0, kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.dropout = dropout
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.dropout_layer = keras.layers.Dropout(dropout)
+
+    def build(self, query_shape, value_shape=None):
+        query_width = query_shape[-1]
+        value_width = query_width if value_shape is None else value_shape[-1]
+        heads = (self.num_heads, self.key_dim)
+        init = self.kernel_initializer
+        self.query_kernel = self.add_weight(name="query_kernel", shape=(query_width, *heads), initializer=init)
+        self.query_bias = self.add_weight(name="query_bias", shape=heads, initializer="zeros")
+        self.key_kernel = self.add_weight(name="key_kernel", shape=(value_width, *heads), initializer=init)
+        self.key_bias = self.add_weight(name="key_bias", shape=heads, initializer="zeros")
+        self.value_kernel = self.add_weight(name="value_kernel", shape=(value_width, *heads), initializer=init)
+        self.value_bias = self.add_weight(name="value_bias", shape=heads, initializer="zeros")
+        self.output_kernel = self.add_weight(name="output_kernel", shape=(*heads, query_width), initializer=init)
+        self.output_bias = self.add_weight(name="output_bias", shape=(query_width,), initializer="zeros")
+
+    def compute_key_value(self, value):
+        """Projects `value` `[batch, len, d_model]` to keys and values `[batch, len, h, d_k]`."""
+        key = ops.einsum("bsd,dnh->bsnh", value, ops.cast(self.key_kernel, value.dtype))
+        value_heads = ops.einsum("bsd,dnh->bsnh", value, ops.cast(self.value_kernel, value.dtype))
+        return (
+            key + ops.cast(self.key_bias, value.dtype),
+            value_heads + ops.cast(self.value_bias, value.dtype),
+        )
+
+    def call(
+        self,
+        query,
+        value=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        key_value=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        key, value = self.compute_key_value(value) if key_value is None else key_value
+        query = ops.einsum("btd,dnh->btnh", query, self.query_kernel) + self.query_bias
+        query = query * ops.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
+
+        scores = ops.einsum("btnh,bsnh->bnts", query, key)
+        scores = ops.cast(scores, "float32")
+        mask = self._combine_masks(attention_mask, use_causal_mask, ops.shape(scores))
+        if mask is not None:
+            scores = ops.where(mask, scores, -1e9)
+        weights = ops.softmax(scores, axis=-1)
+        dropped = self.dropout_layer(ops.cast(weights, value.dtype), training=training)
+
+        heads = ops.einsum("bnts,bsnh->btnh", dropped, value)
+        output = ops.einsum("btnh,nhd->btd", heads, self.output_kernel) + self.output_bias
+        return (output, weights) if return_attention_scores else output
+
+    @staticmethod
+    def _combine_masks(attention_mask, use_causal_mask, scores_shape):
+        """Returns a boolean mask broadcastable to the scores `[batch, heads, target, source]`."""
+        mask = None
+        if attention_mask is not None:
+            mask = ops.expand_dims(ops.cast(attention_mask, "bool"), axis=1)
+        if use_causal_mask:
+            target_len, source_len = scores_shape[2], scores_shape[3]
+            rows = ops.expand_dims(ops.arange(target_len), 1)
+            cols = ops.expand_dims(ops.arange(source_len), 0)
+            causal = rows >= cols
+            mask = causal if mask is None else ops.logical_and(mask, causal)
+        return mask
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "key_dim": self.key_dim,
+            "dropout": self.dropout,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        }

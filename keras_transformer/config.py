@@ -1,0 +1,96 @@
+"""Model hyperparameters: the paper's Table 3 rows as named constructors."""
+
+import dataclasses
+import json
+
+POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Everything that fixes the shape of a `Transformer`.
+
+    Args:
+        vocab_size: size of the one vocabulary shared by source and target (section 3.4).
+            Id 0 is padding.
+        num_layers: N, the number of layers in the encoder and in the decoder (section 3.1).
+        d_model: width of every sub-layer output and of the embeddings.
+        num_heads: h, the attention heads; `d_k = d_v = d_model / h` (section 3.2.2).
+        d_ff: inner width of the position-wise feed-forward network (section 3.3).
+        dropout: P_drop, on every sub-layer output and on embedding + position sums (section 5.4).
+        attention_dropout: dropout on the attention weights (0 in the paper).
+        positional_encoding: "sinusoidal" (section 3.5) or "learned" (Table 3 row E).
+        max_length: the longest sequence in tokens: the rows of a learned position table, and
+            the length sources are cut to at serving time.
+    """
+
+    vocab_size: int
+    num_layers: int = 6
+    d_model: int = 512
+    num_heads: int = 8
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    positional_encoding: str = "sinusoidal"
+    max_length: int = 256
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff", "max_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}.")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"TransformerConfig.d_model={self.d_model} is not divisible by "
+                f"num_heads={self.num_heads}: each head needs d_model / num_heads dimensions."
+            )
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {value!r}.")
+        if self.positional_encoding not in POSITIONAL_ENCODINGS:
+            raise ValueError(
+                f"TransformerConfig.positional_encoding must be one of {POSITIONAL_ENCODINGS}, "
+                f"got {self.positional_encoding!r}."
+            )
+
+    @classmethod
+    def tiny(cls, vocab_size, **overrides):
+        """A small model that trains in minutes on a CPU (not in the paper)."""
+        values = dict(num_layers=2, d_model=128, num_heads=4, d_ff=512, dropout=0.1)
+        return cls(vocab_size=vocab_size, **{**values, **overrides})
+
+    @classmethod
+    def base(cls, vocab_size, **overrides):
+        """The paper's base model (Table 3): 65M parameters with a 37k vocabulary."""
+        return cls(vocab_size=vocab_size, **overrides)
+
+    @classmethod
+    def big(cls, vocab_size, **overrides):
+        """The paper's big model (Table 3): 213M parameters, P_drop 0.3 for EN-DE."""
+        values = dict(d_model=1024, num_heads=16, d_ff=4096, dropout=0.3)
+        return cls(vocab_size=vocab_size, **{**values, **overrides})
+
+    @classmethod
+    def preset(cls, name, vocab_size, **overrides):
+        """`tiny`, `base` or `big` by name, as the command lines take it."""
+        if name not in ("tiny", "base", "big"):
+            raise ValueError(f"Unknown config {name!r}: choose tiny, base or big.")
+        return getattr(cls, name)(vocab_size, **overrides)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown TransformerConfig fields: {sorted(unknown)}.")
+        return cls(**values)
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text):
+        return cls.from_dict(json.loads(text))

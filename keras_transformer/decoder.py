@@ -1,0 +1,186 @@
+"""The decoder: a stack of masked self-attention, encoder-decoder attention and feed-forward
+layers (section 3.1), with a key/value cache for decoding one position at a time."""
+
+import keras
+from keras import ops
+
+from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.encoder import LAYER_NORM_EPSILON
+from keras_transformer.feed_forward import PositionwiseFeedForward
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderLayer(keras.layers.Layer):
+    """Masked self-attention, encoder-decoder attention, then the feed-forward network, each as
+    `LayerNorm(x + Dropout(Sublayer(x)))` (sections 3.1, 3.2.3, 5.4).
+
+    Training and full forward passes see the whole target at once and mask later positions.
+    Decoding passes one position and a `cache`: the keys and values of earlier positions,
+    preallocated at full length and written in place at `cache_index`, plus the encoder output
+    projected once for the encoder-decoder attention. Every tensor keeps its shape from step to
+    step, so a decoding loop compiles with XLA.
+
+    Args:
+        num_heads: attention heads; each has d_model / num_heads dimensions.
+        d_ff: inner width of the feed-forward network.
+        dropout: P_drop on each sub-layer's output.
+        attention_dropout: dropout on the attention weights.
+
+    Call arguments:
+        inputs: `[batch, target_len, d_model]` (target_len 1 when decoding with a cache).
+        encoder_output: `[batch, source_len, d_model]`; unused with a cache.
+        source_mask: boolean `[batch, 1, source_len]`, True at real source tokens.
+        cache: a dict from `init_cache`, for decoding.
+        cache_index: the position of `inputs` in the target, a scalar (with `cache`).
+        training: whether dropout is on.
+
+    Returns:
+        `[batch, target_len, d_model]`, and the updated cache when `cache` is given.
+
+    Example:
+    >>> layer = DecoderLayer(num_heads=8, d_ff=2048)
+    >>> memory = keras.random.normal((2, 12, 512))
+    >>> layer(keras.random.normal((2, 10, 512)), memory).shape
+    (2, 10, 512)
+    """
+
+    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.dropout_layer = keras.layers.Dropout(dropout)
+        self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
+        self.cross_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
+        self.feed_forward = PositionwiseFeedForward(d_ff)
+        self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        if d_model % self.num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}.")
+
+        def attention(name):
+            layer = MultiHeadAttention(
+                self.num_heads, d_model // self.num_heads, dropout=self.attention_dropout, name=name
+            )
+            layer.build(input_shape)
+            return layer
+
+        self.self_attention = attention("self_attention")
+        self.cross_attention = attention("cross_attention")
+        for sublayer in (self.self_attention_norm, self.cross_attention_norm, self.feed_forward, self.feed_forward_norm):
+            sublayer.build(input_shape)
+
+    def init_cache(self, encoder_output, max_length):
+        """An empty cache for `max_length` target positions over `encoder_output`."""
+        batch = ops.shape(encoder_output)[0]
+        shape = (batch, max_length, self.num_heads, self.self_attention.key_dim)
+        cross_key, cross_value = self.cross_attention.compute_key_value(encoder_output)
+        return {
+            "self_key": ops.zeros(shape, encoder_output.dtype),
+            "self_value": ops.zeros(shape, encoder_output.dtype),
+            "cross_key": cross_key,
+            "cross_value": cross_value,
+        }
+
+    def call(self, inputs, encoder_output=None, source_mask=None, cache=None, cache_index=None, training=None):
+        x = inputs
+        if cache is None:
+            attended = self.self_attention(x, x, use_causal_mask=True, training=training)
+            cross_key_value = None
+        else:
+            key, value = self.self_attention.compute_key_value(x)
+            start = (0, cache_index, 0, 0)
+            cache = {
+                **cache,
+                "self_key": ops.slice_update(cache["self_key"], start, key),
+                "self_value": ops.slice_update(cache["self_value"], start, value),
+            }
+            visible = ops.arange(ops.shape(cache["self_key"])[1]) <= cache_index
+            attended = self.self_attention(
+                x,
+                attention_mask=visible[None, None, :],
+                key_value=(cache["self_key"], cache["self_value"]),
+                training=training,
+            )
+            cross_key_value = (cache["cross_key"], cache["cross_value"])
+        x = self.self_attention_norm(x + self.dropout_layer(attended, training=training))
+
+        attended = self.cross_attention(
+            x, encoder_output, attention_mask=source_mask, key_value=cross_key_value, training=training
+        )
+        x = self.cross_attention_norm(x + self.dropout_layer(attended, training=training))
+
+        transformed = self.feed_forward(x)
+        x = self.feed_forward_norm(x + self.dropout_layer(transformed, training=training))
+        return x if cache is None else (x, cache)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "d_ff": self.d_ff,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(keras.layers.Layer):
+    """N `DecoderLayer`s after dropout on the embedding + position sums (sections 3.1, 5.4).
+
+    Args:
+        num_layers: N.
+        num_heads, d_ff, dropout, attention_dropout: as for `DecoderLayer`.
+
+    Call arguments:
+        inputs: embedded target with positions added, `[batch, target_len, d_model]`.
+        encoder_output, source_mask, cache_index, training: as for `DecoderLayer`.
+        cache: a list with one `DecoderLayer` cache per layer, from `init_cache`.
+
+    Returns:
+        `[batch, target_len, d_model]`, and the updated cache list when `cache` is given.
+    """
+
+    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.input_dropout = keras.layers.Dropout(dropout)
+        self.layers = [
+            DecoderLayer(num_heads, d_ff, dropout, attention_dropout, name=f"layer_{i}") for i in range(num_layers)
+        ]
+
+    def build(self, input_shape):
+        for layer in self.layers:
+            layer.build(input_shape)
+
+    def init_cache(self, encoder_output, max_length):
+        return [layer.init_cache(encoder_output, max_length) for layer in self.layers]
+
+    def call(self, inputs, encoder_output=None, source_mask=None, cache=None, cache_index=None, training=None):
+        x = self.input_dropout(inputs, training=training)
+        if cache is None:
+            for layer in self.layers:
+                x = layer(x, encoder_output, source_mask, training=training)
+            return x
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache):
+            x, layer_cache = layer(x, source_mask=source_mask, cache=layer_cache, cache_index=cache_index, training=training)
+            new_cache.append(layer_cache)
+        return x, new_cache
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "d_ff": self.d_ff,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+        }

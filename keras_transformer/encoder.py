@@ -1,0 +1,124 @@
+"""The encoder: a stack of self-attention + feed-forward layers (section 3.1)."""
+
+import keras
+
+from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.feed_forward import PositionwiseFeedForward
+
+LAYER_NORM_EPSILON = 1e-6
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class EncoderLayer(keras.layers.Layer):
+    """Self-attention, then the feed-forward network, each as `LayerNorm(x + Dropout(Sublayer(x)))`.
+
+    Post-norm residual blocks as in section 3.1, residual dropout as in section 5.4.
+
+    Args:
+        num_heads: attention heads; each has d_model / num_heads dimensions.
+        d_ff: inner width of the feed-forward network.
+        dropout: P_drop on each sub-layer's output.
+        attention_dropout: dropout on the attention weights.
+
+    Call arguments:
+        inputs: `[batch, source_len, d_model]`.
+        padding_mask: boolean `[batch, 1, source_len]`, True at real tokens.
+        training: whether dropout is on.
+
+    Returns:
+        `[batch, source_len, d_model]`.
+
+    Example:
+    >>> layer = EncoderLayer(num_heads=8, d_ff=2048)
+    >>> layer(keras.random.normal((2, 10, 512))).shape
+    (2, 10, 512)
+    """
+
+    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.dropout_layer = keras.layers.Dropout(dropout)
+        self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
+        self.feed_forward = PositionwiseFeedForward(d_ff)
+        self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        if d_model % self.num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}.")
+        self.self_attention = MultiHeadAttention(
+            self.num_heads, d_model // self.num_heads, dropout=self.attention_dropout, name="self_attention"
+        )
+        self.self_attention.build(input_shape)
+        self.self_attention_norm.build(input_shape)
+        self.feed_forward.build(input_shape)
+        self.feed_forward_norm.build(input_shape)
+
+    def call(self, inputs, padding_mask=None, training=None):
+        x = inputs
+        attended = self.self_attention(x, x, attention_mask=padding_mask, training=training)
+        x = self.self_attention_norm(x + self.dropout_layer(attended, training=training))
+        transformed = self.feed_forward(x)
+        return self.feed_forward_norm(x + self.dropout_layer(transformed, training=training))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "d_ff": self.d_ff,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Encoder(keras.layers.Layer):
+    """N `EncoderLayer`s after dropout on the embedding + position sums (sections 3.1, 5.4).
+
+    Args:
+        num_layers: N.
+        num_heads, d_ff, dropout, attention_dropout: as for `EncoderLayer`.
+
+    Call arguments:
+        inputs: embedded source with positions added, `[batch, source_len, d_model]`.
+        padding_mask: boolean `[batch, 1, source_len]`, True at real tokens.
+        training: whether dropout is on.
+
+    Returns:
+        The encoder output z, `[batch, source_len, d_model]`.
+    """
+
+    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.input_dropout = keras.layers.Dropout(dropout)
+        self.layers = [
+            EncoderLayer(num_heads, d_ff, dropout, attention_dropout, name=f"layer_{i}") for i in range(num_layers)
+        ]
+
+    def build(self, input_shape):
+        for layer in self.layers:
+            layer.build(input_shape)
+
+    def call(self, inputs, padding_mask=None, training=None):
+        x = self.input_dropout(inputs, training=training)
+        for layer in self.layers:
+            x = layer(x, padding_mask=padding_mask, training=training)
+        return x
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "d_ff": self.d_ff,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+        }

@@ -1,0 +1,46 @@
+"""Position-wise feed-forward network (section 3.3)."""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionwiseFeedForward(keras.layers.Layer):
+    """`FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`, applied to each position alike (eq. 2).
+
+    Args:
+        d_ff: the inner width (2048 in the base model).
+        kernel_initializer: initializer of W_1 and W_2.
+
+    Call arguments:
+        inputs: `[batch, length, d_model]`.
+
+    Returns:
+        `[batch, length, d_model]`.
+
+    Example:
+    >>> ffn = PositionwiseFeedForward(d_ff=2048)
+    >>> ffn(keras.random.normal((2, 10, 512))).shape
+    (2, 10, 512)
+    """
+
+    def __init__(self, d_ff, kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.d_ff = d_ff
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.inner = keras.layers.Dense(d_ff, activation="relu", kernel_initializer=self.kernel_initializer, name="inner")
+        self.outer = None
+
+    def build(self, input_shape):
+        self.outer = keras.layers.Dense(input_shape[-1], kernel_initializer=self.kernel_initializer, name="outer")
+        self.inner.build(input_shape)
+        self.outer.build((*input_shape[:-1], self.d_ff))
+
+    def call(self, inputs):
+        return self.outer(self.inner(inputs))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_ff": self.d_ff,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        }

@@ -1,0 +1,29 @@
+"""Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Must happen before TensorFlow initialises its devices: tests of MirroredStrategy need two.
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
+)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_policy():
+    """Each test starts from a fixed seed and the float32 policy."""
+    keras.utils.set_random_seed(1234)
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)

@@ -1,0 +1,39 @@
+import pytest
+
+from keras_transformer import TransformerConfig
+
+
+def test_presets_hold_the_paper_values():
+    base = TransformerConfig.base(37000)
+    assert (base.num_layers, base.d_model, base.d_ff, base.num_heads, base.dropout) == (6, 512, 2048, 8, 0.1)
+    big = TransformerConfig.big(37000)
+    assert (big.num_layers, big.d_model, big.d_ff, big.num_heads, big.dropout) == (6, 1024, 4096, 16, 0.3)
+    assert TransformerConfig.preset("tiny", 100, num_layers=1).num_layers == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(d_model=100, num_heads=8), "d_model=100 is not divisible by num_heads=8"),
+        (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
+        (dict(d_ff=-5), "d_ff must be a positive integer, got -5"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
+        (dict(attention_dropout=-0.1), r"attention_dropout must be in \[0, 1\), got -0.1"),
+        (dict(positional_encoding="rotary"), "got 'rotary'"),
+    ],
+)
+def test_invalid_settings_name_the_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig.base(1000, **overrides)
+
+
+def test_unknown_preset_and_fields_are_rejected():
+    with pytest.raises(ValueError, match="Unknown config 'huge'"):
+        TransformerConfig.preset("huge", 100)
+    with pytest.raises(ValueError, match="d_modle"):
+        TransformerConfig.from_dict({"vocab_size": 10, "d_modle": 8})
+
+
+def test_json_round_trip():
+    config = TransformerConfig.tiny(123, positional_encoding="learned")
+    assert TransformerConfig.from_json(config.to_json()) == config

@@ -1,0 +1,28 @@
+import numpy as np
+
+from keras_transformer import PositionwiseFeedForward, SharedEmbedding
+
+
+def test_embedding_is_scaled_by_sqrt_d_model():
+    layer = SharedEmbedding(vocab_size=11, d_model=16)
+    ids = np.array([[3, 0, 10]])
+    vectors = layer(ids)
+    matrix = layer.embeddings.numpy()
+    np.testing.assert_allclose(vectors[0], matrix[[3, 0, 10]] * 4.0, rtol=1e-6)
+
+
+def test_logits_use_the_same_matrix(rng):
+    layer = SharedEmbedding(vocab_size=11, d_model=16)
+    layer(np.array([[1]]))
+    hidden = rng.normal(size=(2, 3, 16)).astype("float32")
+    np.testing.assert_allclose(layer.logits(hidden), hidden @ layer.embeddings.numpy().T, rtol=1e-5, atol=1e-5)
+    assert len(layer.weights) == 1
+
+
+def test_feed_forward_is_equation_2(rng):
+    layer = PositionwiseFeedForward(d_ff=32)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    output = layer(x)
+    w1, b1, w2, b2 = layer.get_weights()
+    assert w1.shape == (8, 32) and w2.shape == (32, 8)
+    np.testing.assert_allclose(output, np.maximum(0, x @ w1 + b1) @ w2 + b2, rtol=1e-5, atol=1e-5)

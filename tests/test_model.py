@@ -1,0 +1,141 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    MultiHeadAttention,
+    PositionalEncoding,
+    PositionwiseFeedForward,
+    SharedEmbedding,
+    Transformer,
+    TransformerConfig,
+)
+
+VOCAB = 50
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(7)
+    model = Transformer(TransformerConfig.tiny(VOCAB, num_layers=2, d_model=32, num_heads=4, d_ff=64))
+    return model
+
+
+def _ids(rng, batch, length, pad_from=None):
+    ids = rng.integers(1, VOCAB, size=(batch, length)).astype("int32")
+    if pad_from is not None:
+        for row, start in enumerate(pad_from):
+            ids[row, start:] = 0
+    return ids
+
+
+def test_logits_shape_and_dtype(model, rng):
+    logits = model((_ids(rng, 3, 7), _ids(rng, 3, 5)))
+    assert logits.shape == (3, 5, VOCAB) and logits.dtype == "float32"
+
+
+def test_decoder_is_causal(model, rng):
+    source, target = _ids(rng, 2, 6), _ids(rng, 2, 8)
+    logits = model((source, target))
+    for t in range(8):
+        changed = target.copy()
+        changed[:, t + 1 :] = _ids(rng, 2, 8)[:, t + 1 :]
+        np.testing.assert_allclose(model((source, changed))[:, : t + 1], logits[:, : t + 1], atol=1e-5)
+        if t < 7:
+            assert not np.allclose(model((source, changed))[:, t + 1 :], logits[:, t + 1 :], atol=1e-5)
+
+
+def test_padding_does_not_change_real_positions(model, rng):
+    source = _ids(rng, 2, 6, pad_from=[6, 4])
+    target = _ids(rng, 2, 5, pad_from=[5, 3])
+    logits = model((source, target))
+    padded = model((np.pad(source, [(0, 0), (0, 9)]), np.pad(target, [(0, 0), (0, 4)])))
+    np.testing.assert_allclose(padded[0, :5], logits[0, :5], atol=1e-5)
+    np.testing.assert_allclose(padded[1, :3], logits[1, :3], atol=1e-5)
+
+
+def test_source_padding_is_ignored_by_attention(model, rng):
+    source = _ids(rng, 1, 6, pad_from=[4])
+    other = source.copy()
+    other[0, 4:] = 0
+    target = _ids(rng, 1, 3)
+    np.testing.assert_allclose(model((source, target)), model((other, target)), atol=1e-6)
+    assert not np.allclose(model((source[:, :3], target)), model((source, target)))
+
+
+@pytest.mark.parametrize("preset, paper", [("base", 65e6), ("big", 213e6)])
+def test_parameter_count_matches_the_paper(preset, paper):
+    model = Transformer(TransformerConfig.preset(preset, 37000))
+    assert abs(model.count_params() - paper) / paper < 0.05
+
+
+def test_one_embedding_matrix_serves_source_target_and_output(model):
+    matrices = [w for w in model.weights if w.shape == (VOCAB, 32)]
+    assert len(matrices) == 1
+    assert matrices[0] is model.embedding.embeddings
+
+
+def test_save_and_load_reproduce_the_logits(model, rng, tmp_path):
+    source, target = _ids(rng, 2, 6), _ids(rng, 2, 4)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.config == model.config
+    np.testing.assert_allclose(loaded((source, target)), model((source, target)), atol=1e-6)
+
+
+def test_xla_forward_equals_eager(model, rng):
+    source, target = _ids(rng, 2, 6, pad_from=[6, 2]), _ids(rng, 2, 4)
+    compiled = tf.function(lambda s, t: model((s, t)), jit_compile=True)
+    np.testing.assert_allclose(compiled(source, target), model((source, target)), atol=1e-5)
+
+
+def test_dropout_is_active_only_in_training(model, rng):
+    inputs = (_ids(rng, 2, 6), _ids(rng, 2, 4))
+    np.testing.assert_allclose(model(inputs), model(inputs, training=False))
+    assert not np.allclose(model(inputs, training=True), model(inputs))
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_keeps_logits_in_float32(policy, rng):
+    keras.config.set_dtype_policy(policy)
+    model = Transformer(TransformerConfig.tiny(VOCAB, d_model=32, d_ff=64))
+    logits = model((_ids(rng, 2, 6), _ids(rng, 2, 4)))
+    assert logits.dtype == "float32"
+    assert np.all(np.isfinite(logits))
+    assert all(w.dtype == "float32" for w in model.weights)
+
+
+LAYERS = [
+    (lambda: MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1), lambda x: (x, x)),
+    (lambda: PositionwiseFeedForward(d_ff=16), lambda x: (x,)),
+    (lambda: PositionalEncoding(max_length=9, learned=True), lambda x: (x,)),
+    (lambda: EncoderLayer(num_heads=2, d_ff=16, dropout=0.2), lambda x: (x,)),
+    (lambda: Encoder(num_layers=2, num_heads=2, d_ff=16), lambda x: (x,)),
+    (lambda: DecoderLayer(num_heads=2, d_ff=16, attention_dropout=0.1), lambda x: (x, x)),
+    (lambda: Decoder(num_layers=2, num_heads=2, d_ff=16), lambda x: (x, x)),
+]
+
+
+@pytest.mark.parametrize("make, args", LAYERS)
+def test_layers_round_trip_through_config(make, args, rng):
+    layer = make()
+    inputs = args(rng.normal(size=(2, 5, 8)).astype("float32"))
+    expected = layer(*inputs)
+    clone = type(layer).from_config(layer.get_config())
+    clone(*inputs)
+    clone.set_weights(layer.get_weights())
+    assert clone.get_config() == layer.get_config()
+    np.testing.assert_allclose(clone(*inputs), expected, atol=1e-6)
+
+
+def test_embedding_and_model_round_trip_through_config():
+    embedding = SharedEmbedding(vocab_size=7, d_model=4)
+    assert SharedEmbedding.from_config(embedding.get_config()).get_config() == embedding.get_config()
+    model = Transformer(TransformerConfig.tiny(VOCAB))
+    assert Transformer.from_config(model.get_config()).config == model.config
