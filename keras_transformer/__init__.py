@@ -6,7 +6,7 @@ from keras_transformer.decoder import Decoder, DecoderLayer
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder, EncoderLayer
 from keras_transformer.feed_forward import PositionwiseFeedForward
-from keras_transformer.model import PAD_ID, Transformer
+from keras_transformer.model import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer
 from keras_transformer.positional_encoding import PositionalEncoding
 
 __all__ = [
@@ -15,10 +15,13 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "MultiHeadAttention",
+    "BOS_ID",
+    "EOS_ID",
     "PAD_ID",
     "PositionalEncoding",
     "PositionwiseFeedForward",
     "SharedEmbedding",
     "Transformer",
     "TransformerConfig",
+    "UNK_ID",
 ]

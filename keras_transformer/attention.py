@@ -98,7 +98,9 @@ class MultiHeadAttention(keras.layers.Layer):
         mask = self._combine_masks(attention_mask, use_causal_mask, ops.shape(scores))
         if mask is not None:
             scores = ops.where(mask, scores, -1e9)
-        weights = ops.softmax(scores, axis=-1)
+        # softmax, written out: keras.ops.softmax warns about one-key rows (one-token sources).
+        weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+        weights = weights / ops.sum(weights, axis=-1, keepdims=True)
         dropped = self.dropout_layer(ops.cast(weights, value.dtype), training=training)
 
         heads = ops.einsum("bnts,bsnh->btnh", dropped, value)

@@ -9,7 +9,11 @@ from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.positional_encoding import PositionalEncoding
 
+# The special ids every tokenizer of this project uses (training/tokenizer.py trains to them).
 PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -1,0 +1,111 @@
+"""Decoding speed: generated tokens per second for greedy and beam search, with and without XLA,
+next to a decoder without a cache that recomputes the whole prefix at every step.
+
+    python -m bench.decode            # the issue's shape: d_model 256, 3+3 layers, batch 32
+    python -m bench.decode --smoke    # seconds-long, tiny sizes (the test suite runs this)
+
+Random weights; EOS is never produced (`eos_id=-1`) and every source has `--length` tokens with
+`max_extra_length=0`, so every run generates exactly `--length` tokens per sentence and the runs
+compare. `gen_tokens_per_s` counts the output tokens of the sentences (batch x length), not the
+hypotheses inside the beam.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
+from keras_transformer import BOS_ID, Transformer, TransformerConfig  # noqa: E402
+from keras_transformer.search import beam_search, greedy_search  # noqa: E402
+
+MODES = [("cached", 1), ("cached", 4), ("full_recompute", 1)]
+
+
+def full_recompute_greedy(model, source_ids, steps):
+    """Greedy decoding without a cache: every step runs the decoder over the whole prefix, as the
+    TensorFlow tutorial's translator does (here batched, with fixed shapes)."""
+    batch = tf.shape(source_ids)[0]
+    encoder_output, source_mask = model.encode(source_ids, training=False)
+    tokens = tf.concat([tf.fill([batch, 1], BOS_ID), tf.zeros([batch, steps], tf.int32)], axis=1)
+
+    def step(index, tokens):
+        logits = model.decode(tokens[:, :-1], encoder_output, source_mask, training=False)
+        token = tf.argmax(tf.gather(logits, index, axis=1), axis=-1, output_type=tf.int32)
+        return index + 1, tf.where(tf.range(steps + 1) == index + 1, token[:, None], tokens)
+
+    _, tokens = tf.while_loop(lambda index, _: index < steps, step, (tf.constant(0), tokens))
+    return tokens[:, 1:]
+
+
+def measure(mode, beam_size, xla, args):
+    keras.utils.set_random_seed(0)
+    config = TransformerConfig.tiny(
+        args.vocab_size, num_layers=args.layers, d_model=args.d_model, num_heads=args.heads, d_ff=args.d_ff
+    )
+    model = Transformer(config)
+    source = np.random.default_rng(0).integers(4, args.vocab_size, size=(args.batch, args.length), dtype="int32")
+    if mode == "full_recompute":
+        decode = lambda s: full_recompute_greedy(model, s, args.length)  # noqa: E731
+    elif beam_size == 1:
+        decode = lambda s: greedy_search(model, s, max_extra_length=0, eos_id=-1).tokens  # noqa: E731
+    else:
+        decode = lambda s: beam_search(model, s, beam_size=beam_size, max_extra_length=0, eos_id=-1).tokens  # noqa: E731
+    compiled = tf.function(decode, jit_compile=xla)
+    tokens = compiled(source)
+    assert tokens.shape == (args.batch, args.length) and np.all(tokens.numpy() != 0), "length not forced"
+    seconds = time_call(lambda: compiled(source).numpy(), args.repeats)
+    emit(
+        {
+            "benchmark": "decode",
+            "mode": mode,
+            "beam_size": beam_size,
+            "xla": xla,
+            "batch": args.batch,
+            "source_tokens": args.length,
+            "generated_tokens": args.length,
+            "d_model": args.d_model,
+            "layers": args.layers,
+            "vocab_size": args.vocab_size,
+            "seconds": round(seconds, 4),
+            "gen_tokens_per_s": round(args.batch * args.length / seconds, 1),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+        }
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat, in one process")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--length", type=int, default=32, help="source and generated tokens")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-ff", type=int, default=1024)
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA (e.g. cached:4:1); the default runs all, "
+                        "each in its own process so that peak memory is its own")
+    args = parser.parse_args()
+    if args.smoke:
+        args.batch, args.length, args.d_model, args.layers, args.d_ff, args.vocab_size, args.repeats = 2, 4, 16, 1, 32, 50, 1
+    if args.only:
+        mode, beam_size, xla = args.only.split(":")
+        measure(mode, int(beam_size), bool(int(xla)), args)
+        return
+    for mode, beam_size in MODES:
+        for xla in (False, True):
+            if args.smoke:
+                measure(mode, beam_size, xla, args)
+            else:
+                passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("smoke", "only")]
+                run_isolated("bench.decode", [*passed, f"--only={mode}:{beam_size}:{int(xla)}"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+import itertools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig
+from keras_transformer.search import beam_search, greedy_search, length_penalty
+
+
+def _model(vocab_size, seed=3, **overrides):
+    keras.utils.set_random_seed(seed)
+    values = dict(num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.0)
+    return Transformer(TransformerConfig.tiny(vocab_size, **{**values, **overrides}))
+
+
+def _sources(rng, lengths, vocab_size):
+    ids = np.zeros((len(lengths), max(lengths)), "int32")
+    for row, length in enumerate(lengths):
+        ids[row, :length] = rng.integers(4, vocab_size, size=length)
+    return ids
+
+
+class _EosLogit:
+    """Wraps a model and adds `adjust(index, previous_tokens)` to the EOS logit at each step."""
+
+    def __init__(self, model, adjust):
+        self.model, self.config, self.adjust = model, model.config, adjust
+        self.encode, self.init_cache = model.encode, model.init_cache
+
+    def decode_step(self, token_ids, index, cache, source_mask):
+        logits, cache = self.model.decode_step(token_ids, index, cache, source_mask)
+        eos = tf.one_hot(EOS_ID, logits.shape[-1])
+        adjust = tf.cast(self.adjust(index, token_ids), tf.float32)
+        return logits + eos * tf.reshape(adjust, [-1, 1]), cache
+
+
+def _never_ends(model):
+    return _EosLogit(model, lambda index, tokens: -1e4)
+
+
+def _ends_at(model, length):
+    return _EosLogit(model, lambda index, tokens: tf.where(index + 1 == length, 1e4, -1e4))
+
+
+def _nonzero_lengths(tokens):
+    return np.sum(np.asarray(tokens) != PAD_ID, axis=-1)
+
+
+def test_beam_size_one_is_greedy(rng):
+    # An EOS logit that varies with the step and the previous token ends hypotheses at various steps.
+    model = _EosLogit(_model(30, seed=4), lambda index, tokens: 3.0 * tf.sin(7.0 * tf.cast(tokens + 3 * index, tf.float32)))
+    sources = _sources(rng, [5, 3, 6, 1, 8, 4], 30)
+    greedy = greedy_search(model, sources, max_extra_length=6)
+    beam = beam_search(model, sources, beam_size=1, max_extra_length=6)
+    np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+    np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)
+    lengths = _nonzero_lengths(greedy.tokens)
+    assert np.any(lengths < np.sum(sources > 0, axis=1) + 6), "no hypothesis ended with EOS"
+    assert len(set(lengths)) > 1
+
+
+def _exhaustive(model, source, max_length, alpha):
+    """Every hypothesis a search may return, scored by full forward passes."""
+    vocab = model.config.vocab_size
+    tokens = [t for t in range(vocab) if t != PAD_ID]
+    hypotheses = []
+    for length in range(1, max_length + 1):
+        for body in itertools.product([t for t in tokens if t != EOS_ID], repeat=length - 1):
+            for last in tokens if length == max_length else [EOS_ID]:
+                hypotheses.append(list(body) + [last])
+    target_inputs = np.zeros((len(hypotheses), max_length), "int32")
+    for row, hypothesis in enumerate(hypotheses):
+        target_inputs[row, : len(hypothesis)] = [BOS_ID] + hypothesis[:-1]
+    logits = model((np.repeat(source[None], len(hypotheses), axis=0), target_inputs))
+    log_probs = np.asarray(tf.nn.log_softmax(logits))
+    scored = []
+    for row, hypothesis in enumerate(hypotheses):
+        log_prob = sum(log_probs[row, i, t] for i, t in enumerate(hypothesis))
+        output = [t for t in hypothesis if t != EOS_ID]
+        scored.append((log_prob / float(length_penalty(len(hypothesis), alpha)), output))
+    return sorted(scored, key=lambda pair: -pair[0])
+
+
+def test_wide_beam_finds_the_exhaustive_best(rng):
+    model = _model(6, seed=11)
+    sources = _sources(rng, [4, 2], 6)
+    for alpha in (0.0, 0.6, 1.0):
+        result = beam_search(model, sources, beam_size=48, alpha=alpha, max_length=3, return_all=True)
+        for row, source in enumerate(sources):
+            expected = _exhaustive(model, source, 3, alpha)
+            for rank in range(5):
+                score, output = expected[rank]
+                tokens = np.asarray(result.tokens[row, rank])
+                assert list(tokens[tokens != PAD_ID]) == output
+                np.testing.assert_allclose(result.scores[row, rank], score, rtol=1e-4)
+
+
+def test_a_sentence_alone_equals_it_in_a_batch(rng):
+    model = _model(30, seed=5)
+    sources = _sources(rng, [7, 1, 4], 30)
+    for search in (greedy_search, beam_search):
+        batched = search(model, sources, max_extra_length=8)
+        for row, length in enumerate(np.sum(sources > 0, axis=1)):
+            alone = search(model, sources[row : row + 1, :length], max_extra_length=8)
+            width = alone.tokens.shape[-1]
+            np.testing.assert_array_equal(batched.tokens[row, :width], alone.tokens[0])
+            assert not np.any(batched.tokens[row, width:])
+            np.testing.assert_allclose(batched.scores[row], alone.scores[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_xla_and_plain_tf_function_agree(search, rng):
+    model = _model(30, seed=2)
+    sources = _sources(rng, [6, 3, 8], 30)
+    plain = tf.function(lambda s: search(model, s, max_extra_length=7))(sources)
+    compiled = tf.function(lambda s: search(model, s, max_extra_length=7), jit_compile=True)(sources)
+    np.testing.assert_array_equal(compiled.tokens, plain.tokens)
+    np.testing.assert_allclose(compiled.scores, plain.scores, rtol=1e-5)
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_output_ends_at_eos(search, rng):
+    forced = _ends_at(_model(20), 4)
+    sources = _sources(rng, [5, 2, 9], 20)
+    result = search(forced, sources, max_extra_length=10)
+    tokens = np.asarray(result.tokens)
+    np.testing.assert_array_equal(_nonzero_lengths(tokens), [3, 3, 3])
+    assert not np.any(tokens == EOS_ID) and not np.any(tokens[:, 3:])
+    # The score is normalised by the length including EOS.
+    assert np.all(np.asarray(result.scores) < 0)
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_a_model_that_never_ends_stops_at_the_length_limit(search, rng):
+    forced = _never_ends(_model(20))
+    sources = _sources(rng, [5, 2, 9], 20)
+    result = search(forced, sources, max_extra_length=4)
+    np.testing.assert_array_equal(_nonzero_lengths(result.tokens), [9, 6, 13])
+    capped = search(forced, sources, max_extra_length=4, max_length=7)
+    np.testing.assert_array_equal(_nonzero_lengths(capped.tokens), [7, 6, 7])
+
+
+def test_n_best_is_sorted_and_distinct(rng):
+    model = _model(30, seed=9)
+    result = beam_search(model, _sources(rng, [6, 4], 30), beam_size=4, return_all=True, max_extra_length=5)
+    scores = np.asarray(result.scores)
+    assert scores.shape == (2, 4) and np.all(np.diff(scores, axis=1) <= 0)
+    for row in range(2):
+        assert len({tuple(t) for t in np.asarray(result.tokens[row])}) == 4
