@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
-from keras_transformer import BOS_ID, Transformer, TransformerConfig  # noqa: E402
+from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
 from keras_transformer.search import beam_search, greedy_search  # noqa: E402
 
 MODES = [("cached", 1), ("cached", 4), ("full_recompute", 1)]
@@ -34,8 +34,9 @@ def full_recompute_greedy(model, source_ids, steps):
     tokens = tf.concat([tf.fill([batch, 1], BOS_ID), tf.zeros([batch, steps], tf.int32)], axis=1)
 
     def step(index, tokens):
-        logits = model.decode(tokens[:, :-1], encoder_output, source_mask, training=False)
-        token = tf.argmax(tf.gather(logits, index, axis=1), axis=-1, output_type=tf.int32)
+        logits = tf.gather(model.decode(tokens[:, :-1], encoder_output, source_mask, training=False), index, axis=1)
+        logits += tf.one_hot(PAD_ID, tf.shape(logits)[-1], on_value=-1e9)  # never padding, as the searches
+        token = tf.argmax(logits, axis=-1, output_type=tf.int32)
         return index + 1, tf.where(tf.range(steps + 1) == index + 1, token[:, None], tokens)
 
     _, tokens = tf.while_loop(lambda index, _: index < steps, step, (tf.constant(0), tokens))

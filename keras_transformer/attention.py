@@ -60,14 +60,20 @@ class MultiHeadAttention(keras.layers.Layer):
         query_width = query_shape[-1]
         value_width = query_width if value_shape is None else value_shape[-1]
         heads = (self.num_heads, self.key_dim)
-        init = self.kernel_initializer
-        self.query_kernel = self.add_weight(name="query_kernel", shape=(query_width, *heads), initializer=init)
+
+        def kernel(name, shape):
+            # A fresh initializer per kernel: one Keras initializer instance without a seed gives
+            # the same values at every call, which would start W^Q, W^K and W^V equal.
+            initializer = self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
+            return self.add_weight(name=f"{name}_kernel", shape=shape, initializer=initializer)
+
+        self.query_kernel = kernel("query", (query_width, *heads))
         self.query_bias = self.add_weight(name="query_bias", shape=heads, initializer="zeros")
-        self.key_kernel = self.add_weight(name="key_kernel", shape=(value_width, *heads), initializer=init)
+        self.key_kernel = kernel("key", (value_width, *heads))
         self.key_bias = self.add_weight(name="key_bias", shape=heads, initializer="zeros")
-        self.value_kernel = self.add_weight(name="value_kernel", shape=(value_width, *heads), initializer=init)
+        self.value_kernel = kernel("value", (value_width, *heads))
         self.value_bias = self.add_weight(name="value_bias", shape=heads, initializer="zeros")
-        self.output_kernel = self.add_weight(name="output_kernel", shape=(*heads, query_width), initializer=init)
+        self.output_kernel = kernel("output", (*heads, query_width))
         self.output_bias = self.add_weight(name="output_bias", shape=(query_width,), initializer="zeros")
 
     def compute_key_value(self, value):

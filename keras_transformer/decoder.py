@@ -155,6 +155,8 @@ class Decoder(keras.layers.Layer):
         self.layers = [
             DecoderLayer(num_heads, d_ff, dropout, attention_dropout, name=f"layer_{i}") for i in range(num_layers)
         ]
+        for index, layer in enumerate(self.layers):  # tf.train.Checkpoint sees attributes, not Keras' lists
+            setattr(self, f"layer_{index}", layer)
 
     def build(self, input_shape):
         for layer in self.layers:

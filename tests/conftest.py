@@ -27,3 +27,27 @@ def _seed_and_policy():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def synthetic_corpus():
+    from training.data import load_corpus
+
+    return load_corpus("synthetic")
+
+
+@pytest.fixture(scope="session")
+def synthetic_sentencepiece(synthetic_corpus):
+    from training.tokenizer import train_sentencepiece
+
+    texts = [text for pair in synthetic_corpus.text_pairs("train", 5000) for text in pair]
+    return train_sentencepiece(texts, vocab_size=1000)
+
+
+@pytest.fixture
+def synthetic_tokenizer(synthetic_sentencepiece):
+    # Per test: tf.random.set_seed (run before each test) clears the kernel that owns the
+    # SentencePiece resource.
+    from training.tokenizer import Tokenizer
+
+    return Tokenizer(synthetic_sentencepiece)

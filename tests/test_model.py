@@ -139,3 +139,19 @@ def test_embedding_and_model_round_trip_through_config():
     assert SharedEmbedding.from_config(embedding.get_config()).get_config() == embedding.get_config()
     model = Transformer(TransformerConfig.tiny(VOCAB))
     assert Transformer.from_config(model.get_config()).config == model.config
+
+
+def test_tf_train_checkpoint_holds_every_weight(model, rng, tmp_path):
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    saved = [n for n in tf.train.load_checkpoint(path).get_variable_to_shape_map() if n.startswith("model/")]
+    assert len(saved) == len(model.weights)
+    restored = Transformer(model.config)
+    tf.train.Checkpoint(model=restored).restore(path).assert_existing_objects_matched()
+    source, target = _ids(rng, 2, 6), _ids(rng, 2, 4)
+    np.testing.assert_allclose(restored((source, target)), model((source, target)), atol=1e-6)
+
+
+def test_projections_start_different():
+    attention = Transformer(TransformerConfig.tiny(VOCAB)).encoder.layers[0].self_attention
+    kernels = [attention.query_kernel, attention.key_kernel, attention.value_kernel]
+    assert not np.allclose(kernels[0], kernels[1]) and not np.allclose(kernels[1], kernels[2])

@@ -1,0 +1,118 @@
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from keras_transformer import BOS_ID, EOS_ID, PAD_ID
+from training import data
+
+MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+
+
+def _write(path, content):
+    with open(path, "wb") as f:
+        f.write(content)
+    return str(path)
+
+
+def test_files_of_different_lengths_are_named(tmp_path):
+    source = _write(tmp_path / "train.en", b"a\nb\nc\n")
+    target = _write(tmp_path / "train.de", b"x\ny\n")
+    with pytest.raises(ValueError, match=rf"{source} has 3 lines but {target} has 2"):
+        data.read_parallel_files(source, target)
+
+
+def test_an_empty_file_is_named(tmp_path):
+    source = _write(tmp_path / "train.en", b"")
+    target = _write(tmp_path / "train.de", b"x\n")
+    with pytest.raises(ValueError, match=rf"{source} is empty"):
+        data.read_parallel_files(source, target)
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path):
+    source = _write(tmp_path / "train.en", b"fine\nalso fine\nbad \xff byte\n")
+    target = _write(tmp_path / "train.de", b"x\ny\nz\n")
+    with pytest.raises(ValueError, match=rf"{source}, line 3: not valid UTF-8"):
+        data.read_parallel_files(source, target)
+
+
+def test_unknown_dataset_and_missing_languages_are_explained(tmp_path):
+    with pytest.raises(ValueError, match="Unknown --dataset 'wmt99'"):
+        data.load_corpus("wmt99")
+    _write(tmp_path / "train.en", b"a\n")
+    _write(tmp_path / "train.de", b"b\n")
+    with pytest.raises(ValueError, match=r"--source-lang and --target-lang are needed .*train\.de"):
+        data.load_corpus(str(tmp_path))
+    with pytest.raises(ValueError, match="no such TFDS dataset"):
+        data.load_corpus("tfds:no_such_dataset_anywhere")
+
+
+def test_a_folder_of_text_files(tmp_path):
+    for split, lines in (("train", 3), ("val", 2)):
+        _write(tmp_path / f"{split}.en", "".join(f"{split} en {i}\n" for i in range(lines)).encode())
+        _write(tmp_path / f"{split}.de", "".join(f"{split} de {i}\n" for i in range(lines)).encode())
+    corpus = data.load_corpus(str(tmp_path), "de", "en", dev_split="val")
+    assert corpus.text_pairs("train") == [(f"train de {i}", f"train en {i}") for i in range(3)]
+    assert corpus.text_pairs("dev") == [("val de 0", "val en 0"), ("val de 1", "val en 1")]
+    assert corpus.text_pairs("test") == []
+    assert [tuple(x.decode() for x in pair) for pair in corpus.dataset("dev").as_numpy_iterator()] == corpus.text_pairs("dev")
+
+
+@pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k is not beside this checkout")
+def test_multi30k_reads_by_path():
+    corpus = data.load_corpus(MULTI30K, "en", "de", dev_split="val", test_split="test2016")
+    assert [len(corpus.text_pairs(split)) for split in ("train", "dev", "test")] == [29000, 1014, 1000]
+    assert corpus.text_pairs("test", 1)[0][0].startswith("A man in an orange hat")
+
+
+@pytest.mark.parametrize(
+    "name, languages, expected",
+    [
+        ("wmt14_translate/de-en", (None, None), ("de", "en")),  # the supervised keys' order
+        ("wmt14_translate/de-en", ("en", "de"), ("en", "de")),
+        ("ted_hrlr_translate/pt_to_en", (None, None), ("pt", "en")),
+    ],
+)
+def test_tfds_datasets_by_name_and_direction(name, languages, expected, tmp_path):
+    with tfds.testing.mock_data(num_examples=6, data_dir=str(tmp_path)):
+        corpus = data.load_corpus(f"tfds:{name}", *languages)
+        assert (corpus.source_lang, corpus.target_lang) == expected
+        builder = tfds.builder(name)
+        examples = list(builder.as_dataset(split="validation").take(3).as_numpy_iterator())
+        pairs = corpus.text_pairs("dev", 3)
+    assert pairs == [(ex[expected[0]].decode(), ex[expected[1]].decode()) for ex in examples]
+
+
+def test_tfds_rejects_a_language_the_dataset_lacks(tmp_path):
+    with tfds.testing.mock_data(num_examples=2, data_dir=str(tmp_path)):
+        with pytest.raises(ValueError, match=r"--target-lang 'fr' is not a language of tfds:wmt14_translate/de-en"):
+            data.load_corpus("tfds:wmt14_translate/de-en", "en", "fr")
+
+
+def test_bucket_lengths():
+    assert data.bucket_lengths(64) == [8, 16, 24, 40, 64]
+    assert data.bucket_lengths(256)[-1] == 256
+
+
+def test_batches_have_bucket_shapes_token_budgets_and_shifted_targets(synthetic_corpus, synthetic_tokenizer):
+    corpus = data.Corpus("mixed", "en", "de", pairs={"train": synthetic_corpus.text_pairs("train", 400) + [("a " * 50, "b")]})
+    batches = data.training_batches(corpus, synthetic_tokenizer, batch_tokens=256, max_length=24, batch_multiple=2)
+    shapes = set()
+    for batch in batches.take(40):
+        source, target_input, target_output = (batch[k].numpy() for k in ("source", "target_input", "target_output"))
+        rows, length = source.shape
+        shapes.add((rows, length))
+        assert target_input.shape == target_output.shape == (rows, length)
+        assert rows == 256 // length // 2 * 2
+        np.testing.assert_array_equal(target_input[:, 0], BOS_ID)
+        for row in range(rows):
+            real = target_output[row][target_output[row] != PAD_ID]
+            assert real[-1] == EOS_ID and EOS_ID not in real[:-1]
+            np.testing.assert_array_equal(target_input[row, 1 : len(real)], real[:-1])
+            assert source[row][source[row] != PAD_ID][-1] == EOS_ID
+        assert batch["batch_tokens"].numpy()[0] == np.sum(target_output != PAD_ID)
+    assert shapes <= {(256 // length // 2 * 2, length) for length in data.bucket_lengths(24)}
+    # The 50-word pair is over --max-length: dropped and counted, once per pass over the data.
+    assert batch["dropped_pairs"].numpy()[0] >= 1

@@ -1,0 +1,105 @@
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import Transformer, TransformerConfig
+from keras_transformer.search import greedy_search
+from training import data
+from training.run_folder import RunFolder
+from training.schedule import paper_optimizer
+from training.train import Trainer, parse_args
+
+
+def _small_config(tokenizer, dropout=0.0):
+    return TransformerConfig.tiny(tokenizer.vocab_size, d_model=64, d_ff=128, dropout=dropout, max_length=24)
+
+
+def _trainer(config, strategy=None, weights=None, warmup_steps=40, scale=1.0, label_smoothing=0.1):
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        model = Transformer(config)
+        if weights is not None:
+            model.set_weights(weights)
+        optimizer = paper_optimizer(config.d_model, warmup_steps, scale)
+        optimizer.build(model.trainable_variables)
+    return Trainer(model, optimizer, strategy, label_smoothing)
+
+
+def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer):
+    def tokens(text):
+        return len(synthetic_tokenizer.tokenize(text))
+
+    # Eight pairs of one bucket (length 8): every batch holds each of them twice.
+    pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if tokens(p[0]) < 8 and tokens(p[1]) < 8][:8]
+    corpus = data.Corpus("eight", "en", "de", pairs={"train": pairs})
+    batches = data.training_batches(corpus, synthetic_tokenizer, batch_tokens=16 * 8, max_length=16, shuffle_buffer=8)
+    # No label smoothing, so that a memorised batch has a loss near 0.
+    trainer = _trainer(_small_config(synthetic_tokenizer), label_smoothing=0.0)
+    iterator = iter(batches)
+    first_loss, _, _ = trainer.train_steps(iterator, tf.constant(1))
+    loss, _, _ = trainer.train_steps(iterator, tf.constant(300))
+    assert float(loss) < 0.1 * float(first_loss)
+
+    sources = [list(ids) + [3] for ids in synthetic_tokenizer.tokenize(tf.constant([p[0] for p in pairs])).to_list()]
+    source_ids = tf.ragged.constant(sources).to_tensor()
+    result = greedy_search(trainer.model, source_ids, max_extra_length=10)
+    translations = [t.decode() for t in synthetic_tokenizer.detokenize(result.tokens).numpy()]
+    assert translations == [p[1] for p in pairs]
+
+
+def test_mirrored_strategy_equals_one_device(synthetic_corpus, synthetic_tokenizer):
+    config = _small_config(synthetic_tokenizer)
+    batches = data.training_batches(synthetic_corpus, synthetic_tokenizer, batch_tokens=256, max_length=24, batch_multiple=2)
+    batch = next(iter(batches))
+    halves = np.split(batch["target_output"].numpy(), 2)
+    assert np.sum(halves[0] != 0) != np.sum(halves[1] != 0), "the replicas should see different token counts"
+    weights = Transformer(config).get_weights()
+
+    results = []
+    for strategy in (tf.distribute.get_strategy(), tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])):
+        trainer = _trainer(config, strategy, weights)
+        iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+        losses = [float(trainer.train_steps(iterator, tf.constant(1))[0]) for _ in range(3)]
+        results.append((losses, trainer.model.get_weights()))
+    (single_losses, single_weights), (mirrored_losses, mirrored_weights) = results
+    np.testing.assert_allclose(mirrored_losses, single_losses, rtol=1e-5)
+    # Key biases get no gradient in theory (softmax ignores a shift), so Adam turns float noise
+    # into updates of up to ~1e-5 there: hence the absolute tolerance.
+    for mirrored, single in zip(mirrored_weights, single_weights):
+        np.testing.assert_allclose(mirrored, single, rtol=1e-4, atol=5e-5)
+    assert not np.allclose(single_weights[0], weights[0])
+
+
+def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_tokenizer):
+    trainer = _trainer(_small_config(synthetic_tokenizer))
+    batches = data.training_batches(synthetic_corpus, synthetic_tokenizer, batch_tokens=256, max_length=24)
+    shapes = {tuple(batch["source"].shape) for batch in batches.take(30)}
+    assert len(shapes) > 1, "the batches should come from several buckets"
+    iterator = iter(batches)
+    for _ in range(3):
+        trainer.train_steps(iterator, tf.constant(10))
+    assert trainer.train_steps.experimental_get_tracing_count() == 1
+    assert trainer.loss_and_gradients.experimental_get_tracing_count() == 1
+
+
+def test_a_run_folder_holding_a_different_run_is_refused(tmp_path):
+    run = RunFolder(str(tmp_path))
+    settings = {"dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0}
+    run.check_or_write(TransformerConfig.tiny(100), settings)
+    run.check_or_write(TransformerConfig.tiny(100), {**settings, "steps": 5})  # may change
+    with pytest.raises(ValueError, match=r"holds a different run \(d_model: 128 in .*config.json, 256 now"):
+        run.check_or_write(TransformerConfig.tiny(100, d_model=256), settings)
+    with pytest.raises(ValueError, match=r"dataset: 'synthetic' in .*training.json, 'tfds:x' now"):
+        run.check_or_write(TransformerConfig.tiny(100), {**settings, "dataset": "tfds:x"})
+
+
+def test_bad_flags_are_named(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--run-dir", "x", "--config", "huge"])
+    assert "--config 'huge': choose tiny, base or big" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--run-dir", "x", "--steps", "0"])
+    assert "--steps must be positive, got 0" in capsys.readouterr().err
+    assert parse_args(["--run-dir", "x", "--config", "base"]).batch_tokens == 25000

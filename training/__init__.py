@@ -1,0 +1,1 @@
+"""From parallel text to an evaluated checkpoint: tokenizer, data, training, evaluation."""

@@ -1,0 +1,124 @@
+"""`python -m training.evaluate --run-dir DIR`: translate a split with beam search and score it
+with sacreBLEU (BLEU and chrF on detokenized text, with their signatures).
+
+Writes `DIR/metrics.json` (for the test split) and `DIR/translations.<split>.txt`.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import sacrebleu
+import tensorflow as tf
+
+from keras_transformer import EOS_ID, PAD_ID
+from keras_transformer.search import beam_search
+from training import run_folder
+from training.data import bucket_lengths
+
+
+def make_translator(model, tokenizer, *, beam_size=4, alpha=0.6, max_extra_length=50, batch_size=64, jit_compile=True):
+    """Returns `translate(sentences) -> (translations, scores)` over Python strings.
+
+    Sentences are sorted by length, batched, and padded to the data pipeline's bucket lengths,
+    so the compiled search sees a few shapes. Sources longer than the model's `max_length`
+    tokens are cut there.
+    """
+    max_length = model.config.max_length
+    lengths = bucket_lengths(max_length)
+    search = tf.function(
+        lambda source: beam_search(model, source, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length),
+        jit_compile=jit_compile,
+    )
+
+    def translate(sentences):
+        tokenized = tokenizer.tokenize(tf.constant(sentences, tf.string)).to_list() if sentences else []
+        ids = [row[: max_length - 1] + [EOS_ID] for row in tokenized]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        translations, scores = [None] * len(ids), [0.0] * len(ids)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            width = next(length for length in lengths if length >= max(len(ids[i]) for i in rows))
+            batch = np.full((batch_size, width), PAD_ID, np.int32)
+            for slot, i in enumerate(rows):
+                batch[slot, : len(ids[i])] = ids[i]
+            result = search(tf.constant(batch))
+            texts = tokenizer.detokenize(result.tokens).numpy()
+            for slot, i in enumerate(rows):
+                translations[i] = texts[slot].decode("utf-8")
+                scores[i] = float(result.scores[slot])
+        return translations, scores
+
+    return translate
+
+
+def score(translations, references):
+    """Cased sacreBLEU BLEU and chrF of detokenized text, with their signatures."""
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(translations, [references])
+    chrf_score = chrf.corpus_score(translations, [references])
+    return {
+        "bleu": round(bleu_score.score, 2),
+        "chrf": round(chrf_score.score, 2),
+        "signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def evaluate(model, tokenizer, corpus, split, *, beam_size=4, alpha=0.6, limit=None, output_path=None, jit_compile=True):
+    """Translates `split` of `corpus` and scores it; returns the metrics dict."""
+    pairs = corpus.text_pairs(split, limit)
+    if not pairs:
+        raise ValueError(f"The {split} split of {corpus.name} is empty: nothing to evaluate.")
+    sources, references = zip(*pairs)
+    start = time.perf_counter()
+    translate = make_translator(model, tokenizer, beam_size=beam_size, alpha=alpha, jit_compile=jit_compile)
+    translations, _ = translate(list(sources))
+    metrics = {
+        **score(translations, list(references)),
+        "split": split,
+        "sentences": len(pairs),
+        "beam_size": beam_size,
+        "alpha": alpha,
+        "decode_seconds": round(time.perf_counter() - start, 1),
+    }
+    if output_path:
+        with open(output_path, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in translations)
+    return metrics
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--split", default="test", choices=["dev", "test"])
+    parser.add_argument("--checkpoint", help="a checkpoint path (default: the averaged one if there is one, else the latest)")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--limit", type=int, help="evaluate only the first N sentences")
+    args = parser.parse_args(argv)
+
+    run = run_folder.RunFolder(args.run_dir)
+    model, checkpoint_path = run.load_model(args.checkpoint)
+    corpus = run.load_corpus()
+    metrics = evaluate(
+        model,
+        run.load_tokenizer(),
+        corpus,
+        args.split,
+        beam_size=args.beam_size,
+        alpha=args.alpha,
+        limit=args.limit,
+        output_path=os.path.join(args.run_dir, f"translations.{args.split}.txt"),
+    )
+    metrics["checkpoint"] = checkpoint_path
+    if args.split == "test":
+        run.update_metrics(metrics)
+    print(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    main()
