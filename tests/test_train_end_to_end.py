@@ -83,3 +83,55 @@ def test_multiworker_trains_on_two_processes_with_equal_weights(tmp_path):
             np.testing.assert_array_equal(first[name], second[name])
     assert (tmp_path / "run" / "checkpoints" / "ckpt-6.index").exists()
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 6
+
+
+def _scalar_tags(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    return set(accumulator.Tags()["tensors"]) | set(accumulator.Tags()["scalars"])
+
+
+@pytest.mark.slow
+def test_train_evaluate_and_average_from_the_command_line(tmp_path):
+    run = tmp_path / "run"
+    command = _train_command(run, "--eval-sentences", "20")
+    command[command.index("--no-evaluate")] = "--eval-every=16"
+    subprocess.run(command, check=True, cwd=ROOT, capture_output=True)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert {"bleu", "chrf", "signature", "chrf_signature", "steps", "train_seconds", "dev_bleu"} <= set(metrics)
+    assert metrics["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert metrics["steps"] == 40 and metrics["sentences"] == 1000
+    assert len((run / "translations.test.txt").read_text().splitlines()) == 1000
+    assert {"loss", "learning_rate", "target_tokens_per_second", "dropped_pairs"} <= _scalar_tags(run / "logs" / "train")
+    assert {"bleu", "chrf"} <= _scalar_tags(run / "logs" / "dev")
+
+    averaged = subprocess.run([sys.executable, "-m", "training.average_checkpoints", "--run-dir", str(run), "--last", "3"],
+                              check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert "Averaged 3 checkpoints (ckpt-24, ckpt-32, ckpt-40)" in averaged.stdout
+    evaluated = subprocess.run([sys.executable, "-m", "training.evaluate", "--run-dir", str(run), "--split", "dev", "--limit", "30"],
+                               check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    dev = json.loads(evaluated.stdout[evaluated.stdout.index("{") :])
+    assert dev["sentences"] == 30 and dev["checkpoint"].endswith("averaged/ckpt-40")
+
+
+def test_average_checkpoints_is_the_mean_of_the_weights(tmp_path):
+    import tensorflow as tf
+
+    from keras_transformer import Transformer, TransformerConfig
+    from training.average_checkpoints import average_checkpoints
+    from training.run_folder import RunFolder
+
+    run = RunFolder(str(tmp_path))
+    config = TransformerConfig.tiny(50, d_model=16, d_ff=32, num_layers=1)
+    run.write_json(run.config_path, config.to_dict())
+    models = [Transformer(config) for _ in range(3)]
+    for step, model in enumerate(models, start=1):
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run.checkpoint_dir, max_to_keep=5)
+        manager.save(checkpoint_number=step)
+    average_checkpoints(str(tmp_path), last=2)
+    averaged, path = run.load_model()
+    assert path.endswith("averaged/ckpt-3")
+    for mean, second, third in zip(averaged.get_weights(), models[1].get_weights(), models[2].get_weights()):
+        np.testing.assert_allclose(mean, (second + third) / 2, rtol=1e-6)
