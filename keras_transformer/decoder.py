@@ -92,13 +92,16 @@ class DecoderLayer(keras.layers.Layer):
             cross_key_value = None
         else:
             key, value = self.self_attention.compute_key_value(x)
-            start = (0, cache_index, 0, 0)
+            # Write position cache_index with a mask rather than ops.slice_update, whose
+            # TensorFlow kernel is an XLA op: exported graphs must run without XLA.
+            positions = ops.arange(ops.shape(cache["self_key"])[1])
+            here = (positions == cache_index)[None, :, None, None]
             cache = {
                 **cache,
-                "self_key": ops.slice_update(cache["self_key"], start, key),
-                "self_value": ops.slice_update(cache["self_value"], start, value),
+                "self_key": ops.where(here, key, cache["self_key"]),
+                "self_value": ops.where(here, value, cache["self_value"]),
             }
-            visible = ops.arange(ops.shape(cache["self_key"])[1]) <= cache_index
+            visible = positions <= cache_index
             attended = self.self_attention(
                 x,
                 attention_mask=visible[None, None, :],
