@@ -32,10 +32,13 @@ class DecoderLayer(keras.layers.Layer):
         source_mask: boolean `[batch, 1, source_len]`, True at real source tokens.
         cache: a dict from `init_cache`, for decoding.
         cache_index: the position of `inputs` in the target, a scalar (with `cache`).
+        return_attention_scores: also return the encoder-decoder attention weights
+            `[batch, num_heads, target_len, source_len]` (without a cache).
         training: whether dropout is on.
 
     Returns:
-        `[batch, target_len, d_model]`, and the updated cache when `cache` is given.
+        `[batch, target_len, d_model]`, and the updated cache when `cache` is given, or the
+        encoder-decoder attention weights with `return_attention_scores`.
 
     Example:
     >>> layer = DecoderLayer(num_heads=8, d_ff=2048)
@@ -85,7 +88,16 @@ class DecoderLayer(keras.layers.Layer):
             "cross_value": cross_value,
         }
 
-    def call(self, inputs, encoder_output=None, source_mask=None, cache=None, cache_index=None, training=None):
+    def call(
+        self,
+        inputs,
+        encoder_output=None,
+        source_mask=None,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
         x = inputs
         if cache is None:
             attended = self.self_attention(x, x, use_causal_mask=True, training=training)
@@ -111,14 +123,21 @@ class DecoderLayer(keras.layers.Layer):
             cross_key_value = (cache["cross_key"], cache["cross_value"])
         x = self.self_attention_norm(x + self.dropout_layer(attended, training=training))
 
-        attended = self.cross_attention(
-            x, encoder_output, attention_mask=source_mask, key_value=cross_key_value, training=training
+        attended, weights = self.cross_attention(
+            x,
+            encoder_output,
+            attention_mask=source_mask,
+            key_value=cross_key_value,
+            return_attention_scores=True,
+            training=training,
         )
         x = self.cross_attention_norm(x + self.dropout_layer(attended, training=training))
 
         transformed = self.feed_forward(x)
         x = self.feed_forward_norm(x + self.dropout_layer(transformed, training=training))
-        return x if cache is None else (x, cache)
+        if cache is not None:
+            return x, cache
+        return (x, weights) if return_attention_scores else x
 
     def get_config(self):
         return {
@@ -142,9 +161,11 @@ class Decoder(keras.layers.Layer):
         inputs: embedded target with positions added, `[batch, target_len, d_model]`.
         encoder_output, source_mask, cache_index, training: as for `DecoderLayer`.
         cache: a list with one `DecoderLayer` cache per layer, from `init_cache`.
+        return_attention_scores: also return each layer's encoder-decoder attention weights.
 
     Returns:
-        `[batch, target_len, d_model]`, and the updated cache list when `cache` is given.
+        `[batch, target_len, d_model]`, and the updated cache list when `cache` is given, or
+        the list of attention weights with `return_attention_scores`.
     """
 
     def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
@@ -168,12 +189,23 @@ class Decoder(keras.layers.Layer):
     def init_cache(self, encoder_output, max_length):
         return [layer.init_cache(encoder_output, max_length) for layer in self.layers]
 
-    def call(self, inputs, encoder_output=None, source_mask=None, cache=None, cache_index=None, training=None):
+    def call(
+        self,
+        inputs,
+        encoder_output=None,
+        source_mask=None,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
         x = self.input_dropout(inputs, training=training)
         if cache is None:
+            weights = []
             for layer in self.layers:
-                x = layer(x, encoder_output, source_mask, training=training)
-            return x
+                x, layer_weights = layer(x, encoder_output, source_mask, return_attention_scores=True, training=training)
+                weights.append(layer_weights)
+            return (x, weights) if return_attention_scores else x
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache):
             x, layer_cache = layer(x, source_mask=source_mask, cache=layer_cache, cache_index=cache_index, training=training)

@@ -89,6 +89,17 @@ class Transformer(keras.Model):
         x = self.decoder(x, encoder_output, source_mask, training=training)
         return self.embedding.logits(x)
 
+    def cross_attention_weights(self, source_ids, target_input_ids):
+        """Encoder-decoder attention weights of every decoder layer (for plots, section 3.2.3).
+
+        Returns:
+            A list with one float32 `[batch, num_heads, target_len, source_len]` per layer.
+        """
+        encoder_output, source_mask = self.encode(source_ids)
+        x = self.positional_encoding(self.embedding(target_input_ids))
+        _, weights = self.decoder(x, encoder_output, source_mask, return_attention_scores=True)
+        return weights
+
     def init_cache(self, encoder_output, max_length):
         """The decoder's key/value cache for `max_length` target positions (see `decode_step`)."""
         return self.decoder.init_cache(encoder_output, max_length)

@@ -155,3 +155,13 @@ def test_projections_start_different():
     attention = Transformer(TransformerConfig.tiny(VOCAB)).encoder.layers[0].self_attention
     kernels = [attention.query_kernel, attention.key_kernel, attention.value_kernel]
     assert not np.allclose(kernels[0], kernels[1]) and not np.allclose(kernels[1], kernels[2])
+
+
+def test_cross_attention_weights_are_distributions_over_real_source_tokens(model, rng):
+    source = _ids(rng, 2, 6, pad_from=[6, 4])
+    weights = model.cross_attention_weights(source, _ids(rng, 2, 5))
+    assert len(weights) == model.config.num_layers
+    for layer_weights in weights:
+        assert layer_weights.shape == (2, model.config.num_heads, 5, 6)
+        np.testing.assert_allclose(np.sum(layer_weights, axis=-1), 1.0, atol=1e-5)
+        assert np.all(np.asarray(layer_weights)[1, :, :, 4:] == 0)

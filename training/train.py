@@ -157,8 +157,10 @@ def _rows_of_replica(batch, context):
     return {name: value[start : start + rows] for name, value in batch.items()}
 
 
-def train(args):
-    strategy = strategies.make_strategy(args.strategy)
+def train(args, strategy=None):
+    """Trains (or resumes) the run of `args` (from `parse_args`); returns (model, metrics).
+    `strategy` overrides `--strategy`, for callers that connected to their devices already."""
+    strategy = strategy or strategies.make_strategy(args.strategy)
     is_chief = strategies.is_chief(strategy)
     if args.mixed_precision:
         on_gpu = bool(tf.config.list_logical_devices("GPU")) and not isinstance(strategy, tf.distribute.TPUStrategy)

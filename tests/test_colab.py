@@ -1,0 +1,61 @@
+"""The Colab notebook: valid, committed without outputs, and executed top to bottom in smoke mode."""
+
+import ast
+import os
+import sys
+
+import nbformat
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(ROOT, "colab", "train_on_tpu.ipynb")
+# What requirements.txt installs, the standard library, and the project's own packages.
+ALLOWED = {"keras", "tensorflow", "tensorflow_text", "tensorflow_datasets", "sentencepiece", "sacrebleu", "tensorboard",
+           "matplotlib", "numpy", "keras_transformer", "training", "export"} | set(sys.stdlib_module_names)  # fmt: skip
+
+
+def _code_cells():
+    return [cell for cell in nbformat.read(NOTEBOOK, as_version=4).cells if cell.cell_type == "code"]
+
+
+def test_the_notebook_is_valid_and_has_no_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    for cell in _code_cells():
+        assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_the_notebook_imports_only_what_the_requirements_install():
+    for cell in _code_cells():
+        tree = ast.parse(cell.source)
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                top = name.split(".")[0]
+                if top == "google":  # Colab's own module: only inside a try that expects ImportError
+                    guarded = [t for t in ast.walk(tree) if isinstance(t, ast.Try) and node in ast.walk(t)]
+                    assert guarded and any(h.type.id == "ImportError" for h in guarded[0].handlers)
+                else:
+                    assert top in ALLOWED, f"the notebook imports {name}, which requirements.txt does not install"
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_top_to_bottom_in_smoke_mode(tmp_path):
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    os.environ.update(KERAS_TRANSFORMER_SMOKE="1", KERAS_TRANSFORMER_DIR=ROOT)
+    try:
+        NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        del os.environ["KERAS_TRANSFORMER_SMOKE"], os.environ["KERAS_TRANSFORMER_DIR"]
+    outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+    assert not [output for output in outputs if output.output_type == "error"]
+    text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
+    assert "Test BLEU " in text and "Attention plot saved to " in text
+    images = [output for output in outputs if output.output_type == "display_data" and "image/png" in output.data]
+    assert len(images) >= 2  # the curves and the attention heatmap
+    plot = text.split("Attention plot saved to ")[1].split()[0]
+    assert os.path.getsize(plot) > 1000
+    served = [line for line in text.splitlines() if line.startswith("SavedModel: ")]
+    assert len(served) == 2 and all(" -> " in line for line in served)
