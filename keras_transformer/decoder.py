@@ -4,13 +4,11 @@ layers (section 3.1), with a key/value cache for decoding one position at a time
 import keras
 from keras import ops
 
-from keras_transformer.attention import MultiHeadAttention
-from keras_transformer.encoder import LAYER_NORM_EPSILON
-from keras_transformer.feed_forward import PositionwiseFeedForward
+from keras_transformer.encoder import LAYER_NORM_EPSILON, ResidualLayer, Stack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class DecoderLayer(keras.layers.Layer):
+class DecoderLayer(ResidualLayer):
     """Masked self-attention, encoder-decoder attention, then the feed-forward network, each as
     `LayerNorm(x + Dropout(Sublayer(x)))` (sections 3.1, 3.2.3, 5.4).
 
@@ -48,31 +46,14 @@ class DecoderLayer(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
-        super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.dropout_layer = keras.layers.Dropout(dropout)
+        super().__init__(num_heads, d_ff, dropout, attention_dropout, **kwargs)
         self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
         self.cross_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
-        self.feed_forward = PositionwiseFeedForward(d_ff)
         self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
 
     def build(self, input_shape):
-        d_model = input_shape[-1]
-        if d_model % self.num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}.")
-
-        def attention(name):
-            layer = MultiHeadAttention(
-                self.num_heads, d_model // self.num_heads, dropout=self.attention_dropout, name=name
-            )
-            layer.build(input_shape)
-            return layer
-
-        self.self_attention = attention("self_attention")
-        self.cross_attention = attention("cross_attention")
+        self.self_attention = self.attention("self_attention", input_shape)
+        self.cross_attention = self.attention("cross_attention", input_shape)
         for sublayer in (self.self_attention_norm, self.cross_attention_norm, self.feed_forward, self.feed_forward_norm):
             sublayer.build(input_shape)
 
@@ -121,7 +102,7 @@ class DecoderLayer(keras.layers.Layer):
                 training=training,
             )
             cross_key_value = (cache["cross_key"], cache["cross_value"])
-        x = self.self_attention_norm(x + self.dropout_layer(attended, training=training))
+        x = self.residual(self.self_attention_norm, x, attended, training)
 
         attended, weights = self.cross_attention(
             x,
@@ -131,26 +112,15 @@ class DecoderLayer(keras.layers.Layer):
             return_attention_scores=True,
             training=training,
         )
-        x = self.cross_attention_norm(x + self.dropout_layer(attended, training=training))
-
-        transformed = self.feed_forward(x)
-        x = self.feed_forward_norm(x + self.dropout_layer(transformed, training=training))
+        x = self.residual(self.cross_attention_norm, x, attended, training)
+        x = self.residual(self.feed_forward_norm, x, self.feed_forward(x), training)
         if cache is not None:
             return x, cache
         return (x, weights) if return_attention_scores else x
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "num_heads": self.num_heads,
-            "d_ff": self.d_ff,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-        }
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(keras.layers.Layer):
+class Decoder(Stack):
     """N `DecoderLayer`s after dropout on the embedding + position sums (sections 3.1, 5.4).
 
     Args:
@@ -168,23 +138,7 @@ class Decoder(keras.layers.Layer):
         the list of attention weights with `return_attention_scores`.
     """
 
-    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
-        super().__init__(**kwargs)
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.input_dropout = keras.layers.Dropout(dropout)
-        self.layers = [
-            DecoderLayer(num_heads, d_ff, dropout, attention_dropout, name=f"layer_{i}") for i in range(num_layers)
-        ]
-        for index, layer in enumerate(self.layers):  # tf.train.Checkpoint sees attributes, not Keras' lists
-            setattr(self, f"layer_{index}", layer)
-
-    def build(self, input_shape):
-        for layer in self.layers:
-            layer.build(input_shape)
+    layer_class = DecoderLayer
 
     def init_cache(self, encoder_output, max_length):
         return [layer.init_cache(encoder_output, max_length) for layer in self.layers]
@@ -211,13 +165,3 @@ class Decoder(keras.layers.Layer):
             x, layer_cache = layer(x, source_mask=source_mask, cache=layer_cache, cache_index=cache_index, training=training)
             new_cache.append(layer_cache)
         return x, new_cache
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "d_ff": self.d_ff,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-        }

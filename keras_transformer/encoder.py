@@ -8,8 +8,43 @@ from keras_transformer.feed_forward import PositionwiseFeedForward
 LAYER_NORM_EPSILON = 1e-6
 
 
+class ResidualLayer(keras.layers.Layer):
+    """What encoder and decoder layers share: their settings, and the sub-layer pattern
+    `LayerNorm(x + Dropout(Sublayer(x)))` (sections 3.1 and 5.4)."""
+
+    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.dropout_layer = keras.layers.Dropout(dropout)
+        self.feed_forward = PositionwiseFeedForward(d_ff)
+
+    def attention(self, name, input_shape):
+        """A built `MultiHeadAttention` with d_model / num_heads dimensions per head."""
+        d_model = input_shape[-1]
+        if d_model % self.num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}.")
+        layer = MultiHeadAttention(self.num_heads, d_model // self.num_heads, dropout=self.attention_dropout, name=name)
+        layer.build(input_shape)
+        return layer
+
+    def residual(self, norm, inputs, sublayer_output, training):
+        return norm(inputs + self.dropout_layer(sublayer_output, training=training))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "d_ff": self.d_ff,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+        }
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class EncoderLayer(keras.layers.Layer):
+class EncoderLayer(ResidualLayer):
     """Self-attention, then the feed-forward network, each as `LayerNorm(x + Dropout(Sublayer(x)))`.
 
     Post-norm residual blocks as in section 3.1, residual dropout as in section 5.4.
@@ -35,38 +70,50 @@ class EncoderLayer(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
-        super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.dropout_layer = keras.layers.Dropout(dropout)
+        super().__init__(num_heads, d_ff, dropout, attention_dropout, **kwargs)
         self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
-        self.feed_forward = PositionwiseFeedForward(d_ff)
         self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
 
     def build(self, input_shape):
-        d_model = input_shape[-1]
-        if d_model % self.num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}.")
-        self.self_attention = MultiHeadAttention(
-            self.num_heads, d_model // self.num_heads, dropout=self.attention_dropout, name="self_attention"
-        )
-        self.self_attention.build(input_shape)
-        self.self_attention_norm.build(input_shape)
-        self.feed_forward.build(input_shape)
-        self.feed_forward_norm.build(input_shape)
+        self.self_attention = self.attention("self_attention", input_shape)
+        for sublayer in (self.self_attention_norm, self.feed_forward, self.feed_forward_norm):
+            sublayer.build(input_shape)
 
     def call(self, inputs, padding_mask=None, training=None):
         x = inputs
         attended = self.self_attention(x, x, attention_mask=padding_mask, training=training)
-        x = self.self_attention_norm(x + self.dropout_layer(attended, training=training))
-        transformed = self.feed_forward(x)
-        return self.feed_forward_norm(x + self.dropout_layer(transformed, training=training))
+        x = self.residual(self.self_attention_norm, x, attended, training)
+        return self.residual(self.feed_forward_norm, x, self.feed_forward(x), training)
+
+
+class Stack(keras.layers.Layer):
+    """N identical layers after dropout on the embedding + position sums (sections 3.1, 5.4);
+    the encoder's and the decoder's stacks set `layer_class`."""
+
+    layer_class = None
+
+    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.input_dropout = keras.layers.Dropout(dropout)
+        self.layers = [
+            self.layer_class(num_heads, d_ff, dropout, attention_dropout, name=f"layer_{i}") for i in range(num_layers)
+        ]
+        for index, layer in enumerate(self.layers):  # tf.train.Checkpoint sees attributes, not Keras' lists
+            setattr(self, f"layer_{index}", layer)
+
+    def build(self, input_shape):
+        for layer in self.layers:
+            layer.build(input_shape)
 
     def get_config(self):
         return {
             **super().get_config(),
+            "num_layers": self.num_layers,
             "num_heads": self.num_heads,
             "d_ff": self.d_ff,
             "dropout": self.dropout,
@@ -75,7 +122,7 @@ class EncoderLayer(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(keras.layers.Layer):
+class Encoder(Stack):
     """N `EncoderLayer`s after dropout on the embedding + position sums (sections 3.1, 5.4).
 
     Args:
@@ -91,36 +138,10 @@ class Encoder(keras.layers.Layer):
         The encoder output z, `[batch, source_len, d_model]`.
     """
 
-    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
-        super().__init__(**kwargs)
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.input_dropout = keras.layers.Dropout(dropout)
-        self.layers = [
-            EncoderLayer(num_heads, d_ff, dropout, attention_dropout, name=f"layer_{i}") for i in range(num_layers)
-        ]
-        for index, layer in enumerate(self.layers):  # tf.train.Checkpoint sees attributes, not Keras' lists
-            setattr(self, f"layer_{index}", layer)
-
-    def build(self, input_shape):
-        for layer in self.layers:
-            layer.build(input_shape)
+    layer_class = EncoderLayer
 
     def call(self, inputs, padding_mask=None, training=None):
         x = self.input_dropout(inputs, training=training)
         for layer in self.layers:
             x = layer(x, padding_mask=padding_mask, training=training)
         return x
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "d_ff": self.d_ff,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-        }
