@@ -8,6 +8,7 @@ import pytest
 
 REQUIRED = {
     "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
+    "bench.train_throughput": {"config", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
 }
 
 
