@@ -2,7 +2,6 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
