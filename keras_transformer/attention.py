@@ -62,9 +62,7 @@ class MultiHeadAttention(keras.layers.Layer):
         heads = (self.num_heads, self.key_dim)
 
         def kernel(name, shape):
-            # A fresh initializer per kernel: one Keras initializer instance without a seed gives
-            # the same values at every call, which would start W^Q, W^K and W^V equal.
-            initializer = self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
+            initializer = fresh_initializer(self.kernel_initializer)  # else W^Q, W^K, W^V start equal
             return self.add_weight(name=f"{name}_kernel", shape=shape, initializer=initializer)
 
         self.query_kernel = kernel("query", (query_width, *heads))
@@ -135,3 +133,9 @@ class MultiHeadAttention(keras.layers.Layer):
             "dropout": self.dropout,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
         }
+
+
+def fresh_initializer(initializer):
+    """A new instance of `initializer`: one Keras initializer instance without a seed gives the
+    same values at every call, so each weight needs its own."""
+    return initializer.__class__.from_config(initializer.get_config())

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer.attention import fresh_initializer
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -27,15 +29,15 @@ class PositionwiseFeedForward(keras.layers.Layer):
         super().__init__(**kwargs)
         self.d_ff = d_ff
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.inner = keras.layers.Dense(d_ff, activation="relu", kernel_initializer=self._fresh_initializer(), name="inner")
+        self.inner = keras.layers.Dense(
+            d_ff, activation="relu", kernel_initializer=fresh_initializer(self.kernel_initializer), name="inner"
+        )
         self.outer = None
 
-    def _fresh_initializer(self):
-        # One Keras initializer instance without a seed gives the same values at every call.
-        return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
-
     def build(self, input_shape):
-        self.outer = keras.layers.Dense(input_shape[-1], kernel_initializer=self._fresh_initializer(), name="outer")
+        self.outer = keras.layers.Dense(
+            input_shape[-1], kernel_initializer=fresh_initializer(self.kernel_initializer), name="outer"
+        )
         self.inner.build(input_shape)
         self.outer.build((*input_shape[:-1], self.d_ff))
 

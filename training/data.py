@@ -18,7 +18,6 @@ import tensorflow as tf
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
 from training import synthetic
 
-SPLITS = ("train", "dev", "test")
 TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 
 
