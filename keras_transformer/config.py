@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
+PRESET_NAMES = ("tiny", "small", "base", "big")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,13 @@ class TransformerConfig:
         return cls(vocab_size=vocab_size, **{**values, **overrides})
 
     @classmethod
+    def small(cls, vocab_size, **overrides):
+        """The benchmarks' small model (not in the paper): 3 + 3 layers of width 256, for small
+        corpora such as Multi30k."""
+        values = dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1)
+        return cls(vocab_size=vocab_size, **{**values, **overrides})
+
+    @classmethod
     def base(cls, vocab_size, **overrides):
         """The paper's base model (Table 3): 65M parameters with a 37k vocabulary."""
         return cls(vocab_size=vocab_size, **overrides)
@@ -73,9 +81,9 @@ class TransformerConfig:
 
     @classmethod
     def preset(cls, name, vocab_size, **overrides):
-        """`tiny`, `base` or `big` by name, as the command lines take it."""
-        if name not in ("tiny", "base", "big"):
-            raise ValueError(f"Unknown config {name!r}: choose tiny, base or big.")
+        """`tiny`, `small`, `base` or `big` by name, as the command lines take it."""
+        if name not in PRESET_NAMES:
+            raise ValueError(f"Unknown config {name!r}: choose {', '.join(PRESET_NAMES)}.")
         return getattr(cls, name)(vocab_size, **overrides)
 
     def to_dict(self):

@@ -9,6 +9,8 @@ import pytest
 REQUIRED = {
     "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
     "bench.train_throughput": {"config", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
+    "bench.serving": {"beam_size", "batch", "cold_start_s", "p50_ms", "p95_ms", "peak_rss_mb"},
+    "bench.multi30k": {"bleu", "signature", "chrf", "bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
 }
 
 

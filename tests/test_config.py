@@ -9,6 +9,8 @@ def test_presets_hold_the_paper_values():
     big = TransformerConfig.big(37000)
     assert (big.num_layers, big.d_model, big.d_ff, big.num_heads, big.dropout) == (6, 1024, 4096, 16, 0.3)
     assert TransformerConfig.preset("tiny", 100, num_layers=1).num_layers == 1
+    small = TransformerConfig.preset("small", 8000)  # the benchmarks' small config (bench/README.md)
+    assert (small.num_layers, small.d_model, small.d_ff, small.num_heads) == (3, 256, 1024, 4)
 
 
 @pytest.mark.parametrize(

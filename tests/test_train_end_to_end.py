@@ -58,6 +58,15 @@ def test_training_killed_with_sigkill_resumes_where_it_stopped(tmp_path):
         np.testing.assert_allclose(after_resume, uninterrupted, rtol=1e-4, atol=1e-5)
 
 
+def test_max_minutes_stops_early_with_a_checkpoint(tmp_path):
+    result = subprocess.run(_train_command(tmp_path, "--max-minutes", "0.0001"), check=True, cwd=ROOT,
+                            capture_output=True, text=True)  # fmt: skip
+    # The first call (4 steps) takes longer than 6 ms: training stops there and saves it.
+    assert "Stopped at step 4 of 40: --max-minutes 0.0001 reached." in result.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
+    assert (tmp_path / "checkpoints" / "ckpt-4.index").exists()
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

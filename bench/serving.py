@@ -1,0 +1,115 @@
+"""Serving latency of an exported SavedModel: cold start, then p50 / p95 per request at batch 1
+and batch 32.
+
+    python -m bench.serving --run-dir runs/multi30k   # exports the run, then measures it
+    python -m bench.serving --smoke                   # seconds: a 2-step tiny run (the test suite)
+
+The run is exported with `python -m export`'s code for each --beam-sizes (4 is the paper's beam
+search, 1 greedy). Each export is measured in a fresh process, as a server starts it:
+`cold_start_s` is tf.saved_model.load plus the first translation of one sentence. Then each
+request translates the next sentences of the run's test split (sources only, in order), with
+the signature TF Serving calls (`serving_default`), so the figures are the model's time without
+the HTTP or gRPC layer. One JSON line per beam size and batch size.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_text  # noqa: E402,F401  (the SentencePiece ops of the SavedModel)
+
+from bench.common import emit, peak_rss_mb, run_isolated  # noqa: E402
+
+SMOKE_TRAINING = ["--steps", "2", "--steps-per-call", "1", "--checkpoint-every", "2", "--batch-tokens", "256",
+                  "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--no-evaluate"]  # fmt: skip
+
+
+def measure(export_dir, sentences_path, batch_sizes, requests):
+    with open(sentences_path, encoding="utf-8") as f:
+        sentences = f.read().splitlines()
+    start = time.perf_counter()
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    loaded = time.perf_counter()
+    serve(text=tf.constant(sentences[:1]))
+    cold_start = time.perf_counter() - start
+    beam_size = _metadata(export_dir)["beam_size"]
+    for batch in batch_sizes:
+        latencies, position = [], 1
+        for _ in range(requests):
+            rows = [sentences[(position + i) % len(sentences)] for i in range(batch)]
+            position += batch
+            begin = time.perf_counter()
+            serve(text=tf.constant(rows))["translation"].numpy()
+            latencies.append(time.perf_counter() - begin)
+        emit(
+            {
+                "benchmark": "serving",
+                "beam_size": beam_size,
+                "batch": batch,
+                "requests": requests,
+                "cold_start_s": round(cold_start, 3),
+                "load_s": round(loaded - start, 3),
+                "p50_ms": round(1000 * float(np.percentile(latencies, 50)), 1),
+                "p95_ms": round(1000 * float(np.percentile(latencies, 95)), 1),
+                "sentences_per_s": round(batch * requests / sum(latencies), 1),
+                "peak_rss_mb": round(peak_rss_mb(), 1),
+            }
+        )
+
+
+def _metadata(export_dir):
+    with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
+        return json.load(f)
+
+
+def export_and_measure(run_dir, scratch, args):
+    from export.__main__ import export
+    from training.run_folder import RunFolder
+
+    sources = [source for source, _ in RunFolder(run_dir).load_corpus().text_pairs("test")]
+    sentences_path = os.path.join(scratch, "sentences.txt")
+    with open(sentences_path, "w", encoding="utf-8") as f:
+        f.writelines(sentence + "\n" for sentence in sources)
+    for beam_size in args.beam_sizes:
+        export_dir = export(run_dir, os.path.join(scratch, f"beam{beam_size}"), beam_size=beam_size,
+                            max_extra_length=args.max_extra_length)  # fmt: skip
+        run_isolated("bench.serving", [f"--only={export_dir}", f"--sentences={sentences_path}",
+                                       f"--batch-sizes={','.join(map(str, args.batch_sizes))}", f"--requests={args.requests}"])  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", help="a run folder of training.train")
+    parser.add_argument("--smoke", action="store_true", help="a 2-step tiny run, few requests")
+    parser.add_argument("--beam-sizes", default="4,1")
+    parser.add_argument("--batch-sizes", default="1,32")
+    parser.add_argument("--requests", type=int, default=50, help="timed requests per batch size")
+    parser.add_argument("--max-extra-length", type=int, default=50, help="as python -m export")
+    parser.add_argument("--only", help="measure this export folder (in this process)")
+    parser.add_argument("--sentences", help="with --only: a file of source sentences")
+    args = parser.parse_args()
+    args.beam_sizes = [int(size) for size in args.beam_sizes.split(",")]
+    args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
+    if args.only:
+        measure(args.only, args.sentences, args.batch_sizes, args.requests)
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.smoke:
+            from training import train
+
+            args.run_dir, args.requests, args.max_extra_length = os.path.join(scratch, "run"), 3, 4
+            train.train(train.parse_args(["--run-dir", args.run_dir, *SMOKE_TRAINING]))
+        elif not args.run_dir:
+            sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
+        export_and_measure(args.run_dir, scratch, args)
+
+
+if __name__ == "__main__":
+    main()
