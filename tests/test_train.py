@@ -97,8 +97,11 @@ def test_a_run_folder_holding_a_different_run_is_refused(tmp_path):
 def test_bad_flags_are_named(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--run-dir", "x", "--config", "huge"])
-    assert "--config 'huge': choose tiny, base or big" in capsys.readouterr().err
+    assert "--config 'huge': choose tiny, small, base, big" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--run-dir", "x", "--steps", "0"])
     assert "--steps must be positive, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--run-dir", "x", "--max-minutes", "-1"])
+    assert "--max-minutes must be positive, got -1.0" in capsys.readouterr().err
     assert parse_args(["--run-dir", "x", "--config", "base"]).batch_tokens == 25000
