@@ -14,7 +14,13 @@ REQUIRED = {
 }
 
 
-@pytest.mark.parametrize("module", sorted(REQUIRED))
+# These two train a model for a few steps first: end to end, so marked slow.
+TRAINING = {"bench.serving", "bench.multi30k"}
+
+
+@pytest.mark.parametrize(
+    "module", [pytest.param(name, marks=[pytest.mark.slow] if name in TRAINING else []) for name in sorted(REQUIRED)]
+)
 def test_benchmark_smoke_mode_prints_json_lines(module):
     output = subprocess.run(
         [sys.executable, "-m", module, "--smoke"], check=True, capture_output=True, text=True, timeout=600
