@@ -105,6 +105,7 @@ def main():
             from training import train
 
             args.run_dir, args.requests, args.max_extra_length = os.path.join(scratch, "run"), 3, 4
+            args.beam_sizes = [4]  # one export: the smoke run checks the script, not greedy search
             train.train(train.parse_args(["--run-dir", args.run_dir, *SMOKE_TRAINING]))
         elif not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
