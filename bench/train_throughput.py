@@ -24,11 +24,12 @@ from keras_transformer import Transformer, TransformerConfig  # noqa: E402
 from training.schedule import paper_optimizer  # noqa: E402
 from training.train import Trainer  # noqa: E402
 
-CONFIGS = {
-    "small": dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024),
-    "base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048),
-    "smoke": dict(num_layers=1, d_model=32, num_heads=2, d_ff=64),
-}
+
+def make_config(name, vocab_size):
+    """The `small` or `base` preset, or a one-layer model for the smoke run."""
+    if name == "smoke":
+        return TransformerConfig.tiny(vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64)
+    return TransformerConfig.preset(name, vocab_size)
 
 
 def matmul_gflops(size, repeats):
@@ -56,7 +57,7 @@ def training_flops(config, batch, source_len, target_len):
 
 def measure(name, xla, args, ceiling):
     keras.utils.set_random_seed(0)
-    config = TransformerConfig.tiny(args.vocab_size, **CONFIGS[name])
+    config = make_config(name, args.vocab_size)
     model = Transformer(config)
     optimizer = paper_optimizer(config.d_model)
     optimizer.build(model.trainable_variables)
