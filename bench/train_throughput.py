@@ -1,5 +1,5 @@
 """Training speed: target tokens per second of the compiled training step (forward, backward and
-Adam update: `training.train.Trainer`, the product's own step), with and without XLA, next to the
+Adam update: `training.backends.tensorflow.Trainer`, the product's own step), with and without XLA, next to the
 GFLOP/s of a large float32 matmul measured in the same run.
 
     python -m bench.train_throughput           # small (d_model 256, 3+3 layers, vocab 8000) and base
@@ -21,8 +21,8 @@ import tensorflow as tf  # noqa: E402
 
 from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
 from keras_transformer import Transformer, TransformerConfig  # noqa: E402
-from training.schedule import paper_optimizer  # noqa: E402
-from training.train import Trainer  # noqa: E402
+from training.backends.tensorflow import Trainer  # noqa: E402
+from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 
 
 def make_config(name, vocab_size):
@@ -59,7 +59,7 @@ def measure(name, xla, args, ceiling):
     keras.utils.set_random_seed(0)
     config = make_config(name, args.vocab_size)
     model = Transformer(config)
-    optimizer = paper_optimizer(config.d_model)
+    optimizer = paper_optimizer(TransformerSchedule(config.d_model))
     optimizer.build(model.trainable_variables)
     trainer = Trainer(model, optimizer, tf.distribute.get_strategy(), jit_compile=xla)
     rng = np.random.default_rng(0)

@@ -5,12 +5,12 @@ import argparse
 import numpy as np
 
 from keras_transformer import Transformer, TransformerConfig
-from keras_transformer.config import PRESET_NAMES
+from keras_transformer.config import PRESETS
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default="base", choices=PRESET_NAMES)
+    parser.add_argument("--config", default="base", choices=list(PRESETS))
     parser.add_argument("--vocab-size", type=int, default=37000)
     args = parser.parse_args()
     model = Transformer(TransformerConfig.preset(args.config, args.vocab_size))

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.common import fresh_initializer
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
@@ -134,8 +136,3 @@ class MultiHeadAttention(keras.layers.Layer):
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
         }
 
-
-def fresh_initializer(initializer):
-    """A new instance of `initializer`: one Keras initializer instance without a seed gives the
-    same values at every call, so each weight needs its own."""
-    return initializer.__class__.from_config(initializer.get_config())

@@ -4,7 +4,7 @@ layers (section 3.1), with a key/value cache for decoding one position at a time
 import keras
 from keras import ops
 
-from keras_transformer.encoder import LAYER_NORM_EPSILON, ResidualLayer, Stack
+from keras_transformer.residual import LAYER_NORM_EPSILON, ResidualLayer, Stack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -142,6 +142,16 @@ class Decoder(Stack):
 
     def init_cache(self, encoder_output, max_length):
         return [layer.init_cache(encoder_output, max_length) for layer in self.layers]
+
+    def reorder_cache(self, cache, rows):
+        """The cache of the hypotheses `rows` (int `[batch]`, indices into the cache's batch),
+        for beam search. Rows are picked within each sentence's hypotheses, which share their
+        encoder output: only the self-attention keys and values move."""
+        return [
+            {**layer, "self_key": ops.take(layer["self_key"], rows, axis=0),
+             "self_value": ops.take(layer["self_value"], rows, axis=0)}
+            for layer in cache
+        ]  # fmt: skip
 
     def call(
         self,

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.attention import fresh_initializer
+from keras_transformer.common import fresh_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

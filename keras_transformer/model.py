@@ -3,17 +3,12 @@
 import keras
 from keras import ops
 
+from keras_transformer.common import PAD_ID
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.positional_encoding import PositionalEncoding
-
-# The special ids every tokenizer of this project uses (training/tokenizer.py trains to them).
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -103,6 +98,10 @@ class Transformer(keras.Model):
     def init_cache(self, encoder_output, max_length):
         """The decoder's key/value cache for `max_length` target positions (see `decode_step`)."""
         return self.decoder.init_cache(encoder_output, max_length)
+
+    def reorder_cache(self, cache, rows):
+        """The cache of the hypotheses `rows` (int `[batch]`), as beam search keeps them."""
+        return self.decoder.reorder_cache(cache, rows)
 
     def decode_step(self, token_ids, index, cache, source_mask):
         """Decodes one position from the cache, without dropout.

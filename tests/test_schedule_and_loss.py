@@ -22,7 +22,7 @@ def test_schedule_peaks_at_warmup_and_round_trips():
 
 
 def test_optimizer_has_the_paper_settings():
-    optimizer = paper_optimizer(512)
+    optimizer = paper_optimizer(TransformerSchedule(512))
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
 
 

@@ -27,7 +27,7 @@ class _EosLogit:
 
     def __init__(self, model, adjust):
         self.model, self.config, self.adjust = model, model.config, adjust
-        self.encode, self.init_cache = model.encode, model.init_cache
+        self.encode, self.init_cache, self.reorder_cache = model.encode, model.init_cache, model.reorder_cache
 
     def decode_step(self, token_ids, index, cache, source_mask):
         logits, cache = self.model.decode_step(token_ids, index, cache, source_mask)

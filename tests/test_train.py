@@ -7,8 +7,9 @@ from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.search import greedy_search
 from training import data
 from training.run_folder import RunFolder
-from training.schedule import paper_optimizer
-from training.train import Trainer, parse_args
+from training.backends.tensorflow import Trainer
+from training.schedule import TransformerSchedule, paper_optimizer
+from training.train import parse_args
 
 
 def _small_config(tokenizer, dropout=0.0):
@@ -21,7 +22,7 @@ def _trainer(config, strategy=None, weights=None, warmup_steps=40, scale=1.0, la
         model = Transformer(config)
         if weights is not None:
             model.set_weights(weights)
-        optimizer = paper_optimizer(config.d_model, warmup_steps, scale)
+        optimizer = paper_optimizer(TransformerSchedule(config.d_model, warmup_steps, scale))
         optimizer.build(model.trainable_variables)
     return Trainer(model, optimizer, strategy, label_smoothing)
 
@@ -85,13 +86,15 @@ def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_toke
 
 def test_a_run_folder_holding_a_different_run_is_refused(tmp_path):
     run = RunFolder(str(tmp_path))
-    settings = {"dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0}
+    settings = {"backend": "tensorflow", "dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0}
     run.check_or_write(TransformerConfig.tiny(100), settings)
     run.check_or_write(TransformerConfig.tiny(100), {**settings, "steps": 5})  # may change
     with pytest.raises(ValueError, match=r"holds a different run \(d_model: 128 in .*config.json, 256 now"):
         run.check_or_write(TransformerConfig.tiny(100, d_model=256), settings)
     with pytest.raises(ValueError, match=r"dataset: 'synthetic' in .*training.json, 'tfds:x' now"):
         run.check_or_write(TransformerConfig.tiny(100), {**settings, "dataset": "tfds:x"})
+    with pytest.raises(ValueError, match=r"trained under tensorflow .* resume it with KERAS_BACKEND=tensorflow"):
+        run.check_or_write(TransformerConfig.tiny(100), {**settings, "backend": "jax"})
 
 
 def test_bad_flags_are_named(capsys):

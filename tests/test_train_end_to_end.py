@@ -122,7 +122,7 @@ def test_train_evaluate_and_average_from_the_command_line(tmp_path):
     evaluated = subprocess.run([sys.executable, "-m", "training.evaluate", "--run-dir", str(run), "--split", "dev", "--limit", "30"],
                                check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     dev = json.loads(evaluated.stdout[evaluated.stdout.index("{") :])
-    assert dev["sentences"] == 30 and dev["checkpoint"].endswith("averaged/ckpt-40")
+    assert dev["sentences"] == 30 and dev["checkpoint"].endswith("averaged/ckpt-40.weights.h5")
 
 
 def test_average_checkpoints_is_the_mean_of_the_weights(tmp_path):
@@ -141,6 +141,6 @@ def test_average_checkpoints_is_the_mean_of_the_weights(tmp_path):
         manager.save(checkpoint_number=step)
     average_checkpoints(str(tmp_path), last=2)
     averaged, path = run.load_model()
-    assert path.endswith("averaged/ckpt-3")
+    assert path.endswith("averaged/ckpt-3.weights.h5")
     for mean, second, third in zip(averaged.get_weights(), models[1].get_weights(), models[2].get_weights()):
         np.testing.assert_allclose(mean, (second + third) / 2, rtol=1e-6)

@@ -1,7 +1,9 @@
 """`python -m training.average_checkpoints --run-dir DIR [--last 5]`: average the model weights of
 the last checkpoints (the paper averages the last 5 for base models, the last 20 for big ones).
 
-Writes DIR/averaged/, which training.evaluate and export then use instead of the latest checkpoint.
+Works on the checkpoints of either backend. Writes DIR/averaged/ckpt-STEP.weights.h5 (Keras'
+weights format) and DIR/averaged/averaged.json (the steps averaged). training.evaluate and export
+use the average while it is newer than every training checkpoint.
 """
 
 import argparse
@@ -9,30 +11,34 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-
 from keras_transformer import Transformer  # noqa: E402
-from training.run_folder import RunFolder  # noqa: E402
+from training.run_folder import RunFolder, load_weights  # noqa: E402
 
 
 def average_checkpoints(run_dir, last=5):
-    """Averages the last `last` checkpoints of a run; returns the averaged checkpoint's path."""
+    """Averages the last `last` checkpoints of a run; returns (the averaged file, the paths)."""
     run = RunFolder(run_dir)
-    state = tf.train.get_checkpoint_state(run.checkpoint_dir)
-    paths = list(state.all_model_checkpoint_paths)[-last:] if state else []
-    if not paths:
+    checkpoints = run.checkpoints()[-last:]
+    if not checkpoints:
         raise ValueError(f"{run.checkpoint_dir} holds no checkpoint to average.")
     model = Transformer(run.config())
-    checkpoint = tf.train.Checkpoint(model=model)
     total = None
-    for path in paths:
-        checkpoint.restore(path).expect_partial()
+    for _, path in checkpoints:
+        load_weights(model, path)
         weights = model.get_weights()
         total = weights if total is None else [t + w for t, w in zip(total, weights)]
-    model.set_weights([t / len(paths) for t in total])
-    step = int(paths[-1].rsplit("-", 1)[-1])
-    manager = tf.train.CheckpointManager(checkpoint, run.averaged_dir, max_to_keep=1)
-    saved = manager.save(checkpoint_number=step)
+    model.set_weights([t / len(checkpoints) for t in total])
+    steps = [step for step, _ in checkpoints]
+    name = f"ckpt-{steps[-1]}.weights.h5"
+    os.makedirs(run.averaged_dir, exist_ok=True)
+    saved = os.path.join(run.averaged_dir, name)
+    model.save_weights(saved + ".tmp.weights.h5")
+    os.replace(saved + ".tmp.weights.h5", saved)
+    run.write_json(os.path.join(run.averaged_dir, "averaged.json"), {"file": name, "steps": steps})
+    for old in os.listdir(run.averaged_dir):  # after the record names the new file
+        if old.endswith(".weights.h5") and old != name:
+            os.remove(os.path.join(run.averaged_dir, old))
+    paths = [path for _, path in checkpoints]
     run.update_metrics({"averaged_checkpoints": [os.path.basename(p) for p in paths]})
     return saved, paths
 

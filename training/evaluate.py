@@ -9,6 +9,7 @@ import json
 import os
 import time
 
+import keras
 import numpy as np
 import sacrebleu
 import tensorflow as tf
@@ -28,7 +29,8 @@ def make_translator(model, tokenizer, *, beam_size=4, alpha=0.6, max_extra_lengt
     """
     max_length = model.config.max_length
     lengths = bucket_lengths(max_length)
-    search = tf.function(
+    search = compile_search(
+        model,
         lambda source: beam_search(model, source, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length),
         jit_compile=jit_compile,
     )
@@ -44,14 +46,32 @@ def make_translator(model, tokenizer, *, beam_size=4, alpha=0.6, max_extra_lengt
             batch = np.full((batch_size, width), PAD_ID, np.int32)
             for slot, i in enumerate(rows):
                 batch[slot, : len(ids[i])] = ids[i]
-            result = search(tf.constant(batch))
-            texts = tokenizer.detokenize(result.tokens).numpy()
+            tokens, batch_scores = (keras.ops.convert_to_numpy(x) for x in search(batch))
+            texts = tokenizer.detokenize(tokens).numpy()
             for slot, i in enumerate(rows):
                 translations[i] = texts[slot].decode("utf-8")
-                scores[i] = float(result.scores[slot])
+                scores[i] = float(batch_scores[slot])
         return translations, scores
 
     return translate
+
+
+def compile_search(model, search, jit_compile=True):
+    """`search(source_ids)`, a function of `model` in keras.ops, compiled for Keras' backend:
+    `tf.function` (with XLA unless `jit_compile=False`), or `jax.jit` with the model's weights as
+    arguments rather than constants baked into the program."""
+    if keras.config.backend() != "jax":
+        return tf.function(search, jit_compile=jit_compile)
+    import jax
+
+    variables = model.variables
+
+    @jax.jit
+    def stateless_search(values, source_ids):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return search(source_ids)
+
+    return lambda source_ids: stateless_search([v.value for v in variables], source_ids)
 
 
 def score(translations, references):

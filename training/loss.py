@@ -1,6 +1,7 @@
-"""Label-smoothed cross-entropy over non-padding target tokens (section 5.4)."""
+"""Label-smoothed cross-entropy over non-padding target tokens (section 5.4), in `keras.ops`, so
+that both backends' training steps share it."""
 
-import tensorflow as tf
+from keras import ops
 
 from keras_transformer import PAD_ID
 
@@ -21,8 +22,8 @@ def smoothed_cross_entropy(labels, logits, smoothing=0.1):
         (float32 loss summed over real tokens, float32 number of real tokens). Divide the first by
         the second over the whole (global) batch for the mean.
     """
-    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
-    label_log_probs = tf.gather(log_probs, labels, batch_dims=2)
-    per_token = -(1.0 - smoothing) * label_log_probs - smoothing * tf.reduce_mean(log_probs, axis=-1)
-    real = tf.cast(labels != PAD_ID, tf.float32)
-    return tf.reduce_sum(per_token * real), tf.reduce_sum(real)
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    label_log_probs = ops.take_along_axis(log_probs, ops.expand_dims(ops.cast(labels, "int32"), -1), axis=-1)[..., 0]
+    per_token = -(1.0 - smoothing) * label_log_probs - smoothing * ops.mean(log_probs, axis=-1)
+    real = ops.cast(ops.not_equal(labels, PAD_ID), "float32")
+    return ops.sum(per_token * real), ops.sum(real)

@@ -1,17 +1,24 @@
 """The run folder: everything a training run writes, in one place.
 
     DIR/config.json          the model's TransformerConfig
-    DIR/training.json        the data and training settings that a resumed run must share
+    DIR/training.json        the data and training settings that a resumed run must share,
+                             the Keras backend that trained it among them
     DIR/tokenizer.model      the SentencePiece model
-    DIR/checkpoints/         model, optimizer, step and data position (tf.train.Checkpoint)
-    DIR/averaged/            the average of the last checkpoints (training.average_checkpoints)
+    DIR/checkpoints/         model, optimizer, step and data position: tf.train.Checkpoint files
+                             `ckpt-STEP.*` (TensorFlow) or folders `ckpt-STEP/` (JAX; see
+                             training/backends/jax.py), the last few kept
+    DIR/averaged/            ckpt-STEP.weights.h5, the average of the last checkpoints, and
+                             averaged.json, the steps it averages (training.average_checkpoints)
     DIR/logs/                TensorBoard: train/ and dev/
     DIR/metrics.json         test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
 """
 
 import json
 import os
+import re
+import sys
 
+import keras
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
@@ -19,7 +26,7 @@ from training import data
 from training.tokenizer import Tokenizer
 
 # Settings that must match when a run is resumed (the others, such as --steps, may change).
-RESUME_SETTINGS = ("dataset", "source_lang", "target_lang", "dev_split", "test_split", "seed", "batch_tokens", "vocab_size")
+RESUME_SETTINGS = ("backend", "dataset", "source_lang", "target_lang", "dev_split", "test_split", "seed", "batch_tokens", "vocab_size")
 
 
 class RunFolder:
@@ -58,6 +65,13 @@ class RunFolder:
             self.write_json(self.config_path, config.to_dict())
             self.write_json(self.settings_path, settings)
             return
+        trained_by = self.settings().get("backend", "tensorflow")
+        if trained_by != settings["backend"]:
+            raise ValueError(
+                f"The run in {self.path} was trained under {trained_by} ({self.settings_path}), and its "
+                f"checkpoints hold that backend's optimizer state: resume it with KERAS_BACKEND={trained_by}. "
+                f"Its model weights can be evaluated and exported under either backend."
+            )
         differences = [
             f"{name}: {old!r} in {self.config_path}, {new!r} now"
             for name, old, new in _differences(self.config().to_dict(), config.to_dict())
@@ -89,17 +103,47 @@ class RunFolder:
             seed=settings["seed"],
         )
 
+    def checkpoints(self):
+        """The training checkpoints as [(step, path)], oldest first, in either backend's format."""
+        found = []
+        state = tf.train.get_checkpoint_state(self.checkpoint_dir)
+        if state:  # TensorFlow: the CheckpointManager's list of file prefixes
+            found += [(_step_of(path), path) for path in state.all_model_checkpoint_paths]
+        names = os.listdir(self.checkpoint_dir) if os.path.isdir(self.checkpoint_dir) else []
+        for name in names:  # JAX: complete folders (a save in progress has a hidden name)
+            path = os.path.join(self.checkpoint_dir, name)
+            if re.fullmatch(r"ckpt-\d+", name) and os.path.exists(os.path.join(path, "state.json")):
+                found.append((_step_of(name), path))
+        return sorted(found)
+
+    def averaged(self):
+        """(path, the steps it averages) of the averaged checkpoint, or None."""
+        path = os.path.join(self.averaged_dir, "averaged.json")
+        if not os.path.exists(path):
+            return None
+        record = self._read_json(path)
+        return os.path.join(self.averaged_dir, record["file"]), record["steps"]
+
     def latest_checkpoint(self):
-        return tf.train.latest_checkpoint(self.averaged_dir) or tf.train.latest_checkpoint(self.checkpoint_dir)
+        """The averaged checkpoint while it is the newest; else the latest training checkpoint
+        (saying why, when an older average is passed over)."""
+        trained = self.checkpoints()
+        averaged = self.averaged()
+        if averaged and (not trained or max(averaged[1]) >= trained[-1][0]):
+            return averaged[0]
+        if averaged:
+            print(f"Using {trained[-1][1]} (step {trained[-1][0]}): the average in {self.averaged_dir} is of steps "
+                  f"{averaged[1]}, older. Run training.average_checkpoints again to average the latest.",
+                  file=sys.stderr)  # fmt: skip
+        return trained[-1][1] if trained else None
 
     def load_model(self, checkpoint=None):
-        """The model with the weights of `checkpoint` (default: averaged if there is one, else latest)."""
+        """The model with the weights of `checkpoint` (default: `latest_checkpoint()`)."""
         model = Transformer(self.config())
         checkpoint = checkpoint or self.latest_checkpoint()
         if checkpoint is None:
             raise ValueError(f"{self.path} holds no checkpoint yet: train first (python -m training.train).")
-        # A training checkpoint also holds the optimizer and data; every model weight must match.
-        tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
+        load_weights(model, checkpoint)
         return model, checkpoint
 
     def update_metrics(self, values):
@@ -110,3 +154,29 @@ class RunFolder:
 def _differences(old, new, names=None):
     names = names if names is not None else sorted(set(old) | set(new))
     return [(name, old.get(name), new.get(name)) for name in names if old.get(name) != new.get(name)]
+
+
+def _step_of(path):
+    return int(re.search(r"ckpt-(\d+)", os.path.basename(path)).group(1))
+
+
+def load_weights(model, checkpoint):
+    """Loads a checkpoint of either backend into `model`: a JAX checkpoint folder or a
+    `.weights.h5` file (Keras' format, any backend), or a tf.train.Checkpoint prefix (TensorFlow
+    only; a training checkpoint also holds the optimizer and data, but every model weight must
+    match)."""
+    if os.path.isdir(checkpoint):
+        checkpoint = os.path.join(checkpoint, "model.weights.h5")
+    if checkpoint.endswith(".weights.h5"):
+        if not os.path.exists(checkpoint):
+            raise ValueError(f"{checkpoint} does not exist.")
+        model.load_weights(checkpoint)
+        return
+    if keras.config.backend() != "tensorflow":
+        raise ValueError(
+            f"{checkpoint} is a tf.train.Checkpoint of a run trained under TensorFlow: load it with "
+            "KERAS_BACKEND=tensorflow (or average it into a .weights.h5 file there)."
+        )
+    if not tf.io.gfile.exists(checkpoint + ".index"):
+        raise ValueError(f"{checkpoint} is not a checkpoint (no {checkpoint}.index).")
+    tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()

@@ -32,8 +32,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
-def paper_optimizer(d_model, warmup_steps=4000, scale=1.0):
-    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the schedule above (section 5.3)."""
-    return keras.optimizers.Adam(
-        learning_rate=TransformerSchedule(d_model, warmup_steps, scale), beta_1=0.9, beta_2=0.98, epsilon=1e-9
-    )
+def paper_optimizer(schedule):
+    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `schedule`, a `TransformerSchedule`
+    (section 5.3)."""
+    return keras.optimizers.Adam(learning_rate=schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)

@@ -1,0 +1,81 @@
+"""Runs under either Keras backend, in its own process (tests choose KERAS_BACKEND and XLA_FLAGS):
+
+    step IN_WEIGHTS BATCH STEPS OUT        train STEPS steps of the product's backend step on one
+                                           batch (npz) from weights in IN_WEIGHTS (.weights.h5);
+                                           write OUT.weights.h5 and OUT.json (losses, replicas)
+    translate RUN_DIR SOURCES_JSON         greedy and beam search of the run's model, compiled for
+                                           the backend, on sentences; prints JSON
+    crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
+                                           checkpoint; prints the checkpoints left
+"""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer import TransformerConfig
+from keras_transformer.search import beam_search, greedy_search
+from training import backends, evaluate
+from training.run_folder import RunFolder
+from training.schedule import TransformerSchedule, paper_optimizer
+from training.train import parse_args, train
+
+
+def step(weights_path, batch_path, steps, out):
+    with open(weights_path.replace(".weights.h5", ".json")) as f:
+        config = TransformerConfig.from_dict(json.load(f))
+    backend = backends.create("cpu")
+    backend.build(config, lambda: paper_optimizer(TransformerSchedule(config.d_model, warmup_steps=10)))
+    backend.model.load_weights(weights_path)
+    backend.compile(label_smoothing=0.1)
+    with np.load(batch_path) as saved:
+        batch = {name: saved[name] for name in saved.files}
+    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+    losses = [backend.train_steps(iterator, 1)[0] for _ in range(int(steps))]
+    backend.sync_model()
+    backend.model.save_weights(out + ".weights.h5")
+    with open(out + ".json", "w") as f:
+        json.dump({"losses": losses, "replicas": backend.num_replicas, "backend": backend.name}, f)
+
+
+def translate(run_dir, sources_json):
+    run = RunFolder(run_dir)
+    model, _ = run.load_model()
+    tokenizer = run.load_tokenizer()
+    sources = json.loads(sources_json)
+    ids = [row + [3] for row in tokenizer.tokenize(tf.constant(sources)).to_list()]
+    batch = np.zeros((len(ids), max(map(len, ids))), np.int32)
+    for row, sentence in enumerate(ids):
+        batch[row, : len(sentence)] = sentence
+    result = {}
+    for name, search in (("greedy", greedy_search), ("beam", beam_search)):
+        tokens, scores = evaluate.compile_search(model, lambda source: search(model, source, max_extra_length=10))(batch)
+        texts = tokenizer.detokenize(keras.ops.convert_to_numpy(tokens)).numpy()
+        result[name] = [[t.decode() for t in texts], keras.ops.convert_to_numpy(scores).tolist()]
+    print(json.dumps(result))
+
+
+def crash_mid_save(run_dir, *flags):
+    calls = []
+    original = np.savez
+
+    def failing_savez(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full (simulated)")
+        return original(*args, **kwargs)
+
+    np.savez = failing_savez
+    try:
+        train(parse_args(["--run-dir", run_dir, *flags]))
+    except OSError as error:
+        print(f"crashed: {error}")
+    print(json.dumps(sorted(os.listdir(os.path.join(run_dir, "checkpoints")))))
+
+
+if __name__ == "__main__":
+    {"step": step, "translate": translate, "crash-mid-save": crash_mid_save}[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,147 @@
+"""The JAX training path, each check in subprocesses with KERAS_BACKEND set (this process runs
+TensorFlow): the same step as TensorFlow's, data parallelism, checkpoints, and a run folder that
+the TensorFlow export serves."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import Transformer, TransformerConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
+
+
+def run_under(backend, *args, devices=1):
+    """Runs `python *args` with Keras on `backend`, over `devices` host CPU devices under JAX."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def _weights(path, config):
+    """[(name, value)] of the weights in `path`, in the model's order."""
+    model = Transformer(config)
+    model.load_weights(path)
+    return [(weight.name, weight.numpy()) for weight in model.weights]
+
+
+def _assert_same_weights(first, second, config):
+    for (name, a), (_, b) in zip(_weights(first, config), _weights(second, config)):
+        # A key bias has no gradient in exact arithmetic (softmax ignores a shift of all scores),
+        # so Adam turns float noise into steps of up to the learning rate there, either way.
+        atol = 1e-2 if name.endswith("key_bias") else 1e-4
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def start(tmp_path_factory):
+    """Initial weights (dropout 0) and one batch whose halves hold different token counts."""
+    path = tmp_path_factory.mktemp("start")
+    config = TransformerConfig.tiny(60, num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0, max_length=16)
+    Transformer(config).save_weights(str(path / "init.weights.h5"))
+    (path / "init.json").write_text(config.to_json())
+    rng = np.random.default_rng(0)
+    lengths = [8, 3, 5, 8, 2, 6]
+    target = np.zeros((6, 8), np.int32)
+    for row, length in enumerate(lengths):
+        target[row, :length] = rng.integers(4, 60, size=length)
+    source = rng.integers(4, 60, size=(6, 8)).astype(np.int32)
+    batch = {
+        "source": source,
+        "target_input": np.concatenate([np.full((6, 1), 2, np.int32), target[:, :-1]], axis=1),
+        "target_output": target,
+        "batch_tokens": np.full([6], np.sum(target != 0), np.int32),
+        "dropped_pairs": np.zeros([6], np.int64),
+    }
+    np.savez(path / "batch.npz", **batch)
+    return path, config
+
+
+def _step(backend, start, steps, name, devices=1):
+    path, _ = start
+    out = str(path / name)
+    run_under(backend, WORKER, "step", str(path / "init.weights.h5"), str(path / "batch.npz"), str(steps), out,
+              devices=devices)  # fmt: skip
+    with open(out + ".json") as f:
+        return json.load(f), out + ".weights.h5"
+
+
+def test_one_jax_step_equals_one_tensorflow_step(start):
+    (jax_run, jax_weights), (tf_run, tf_weights) = _step("jax", start, 1, "jax1"), _step("tensorflow", start, 1, "tf1")
+    assert (jax_run["backend"], tf_run["backend"]) == ("jax", "tensorflow")
+    np.testing.assert_allclose(jax_run["losses"], tf_run["losses"], rtol=1e-5)
+    _assert_same_weights(jax_weights, tf_weights, start[1])
+    init, moved = _weights(str(start[0] / "init.weights.h5"), start[1]), _weights(jax_weights, start[1])
+    assert all(not np.allclose(a, b) for (name, a), (_, b) in zip(init, moved) if name.endswith("kernel"))
+
+
+def test_jax_data_parallel_over_two_devices_equals_one_device(start):
+    two, two_weights = _step("jax", start, 3, "jax-two", devices=2)
+    one, one_weights = _step("jax", start, 3, "jax-one", devices=1)
+    assert (two["replicas"], one["replicas"]) == (2, 1)
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    assert two["losses"][2] < two["losses"][0]
+    _assert_same_weights(two_weights, one_weights, start[1])
+
+
+FAST = ["--steps", "16", "--checkpoint-every", "8", "--steps-per-call", "4", "--dropout", "0", "--batch-tokens", "512",
+        "--max-length", "24", "--vocab-size", "500", "--no-evaluate", "--strategy", "cpu"]  # fmt: skip
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from(tmp_path):
+    run = str(tmp_path / "run")
+    output = run_under("jax", WORKER, "crash-mid-save", run, *FAST)
+    assert "crashed: disk full (simulated)" in output
+    left = json.loads(output.splitlines()[-1])
+    assert "ckpt-8" in left and "ckpt-16" not in left and any(name.startswith(".ckpt-16") for name in left)
+    resumed = run_under("jax", "-m", "training.train", "--run-dir", run, *FAST)
+    assert f"Resumed from {run}/checkpoints/ckpt-8 at step 8." in resumed
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["ckpt-16", "ckpt-8"]
+
+
+@pytest.mark.slow
+def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(
+    synthetic_corpus, synthetic_sentencepiece, synthetic_tokenizer, tmp_path
+):
+    from export.__main__ import export
+
+    def tokens(text):
+        return len(synthetic_tokenizer.tokenize(text))
+
+    # As test_train's overfit: eight pairs of one bucket (length 8), the synthetic corpus' tokenizer.
+    pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if tokens(p[0]) < 8 and tokens(p[1]) < 8][:8]
+    data = tmp_path / "eight"
+    data.mkdir()
+    for side, lang in enumerate(("en", "de")):
+        (data / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    with open(os.path.join(run, "tokenizer.model"), "wb") as f:
+        f.write(synthetic_sentencepiece)
+    # No label smoothing and no dropout, so that the memorised pairs become near-certain.
+    flags = ["--run-dir", run, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de", "--steps", "300",
+             "--warmup-steps", "40", "--learning-rate-scale", "1", "--label-smoothing", "0", "--dropout", "0",
+             "--batch-tokens", "128", "--max-length", "16", "--vocab-size", "1000", "--checkpoint-every", "300",
+             "--steps-per-call", "50", "--no-evaluate", "--strategy", "cpu"]  # fmt: skip
+    trained = subprocess.run([sys.executable, "-m", "training.train", "--backend", "jax", *flags], cwd=ROOT,
+                             capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"})  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    with open(os.path.join(run, "training.json")) as f:
+        assert json.load(f)["backend"] == "jax"
+    sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
+    under_jax = json.loads(run_under("jax", WORKER, "translate", run, json.dumps(sources)).splitlines()[-1])
+    assert under_jax["greedy"][0] == targets
+    assert under_jax["beam"][0] == targets
+
+    served = tf.saved_model.load(export(run, str(tmp_path / "exports"), beam_size=4, max_extra_length=10))
+    result = served.translate(tf.constant(sources))
+    assert [t.decode() for t in result["translation"].numpy()] == targets
+    np.testing.assert_allclose(result["score"].numpy(), under_jax["beam"][1], rtol=1e-4, atol=1e-6)
