@@ -32,11 +32,12 @@ def emit(record):
     print(json.dumps(record, sort_keys=True), flush=True)
 
 
-def run_isolated(module, args):
-    """Runs `python -m module args` in a fresh process (so peak memory is its own) and passes its
-    JSON lines through."""
+def run_isolated(module, args, env=None):
+    """Runs `python -m module args` in a fresh process (so peak memory is its own), with `env`
+    added to the environment, and passes its JSON lines through."""
     command = [sys.executable, "-m", module, *args]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    environment = {**os.environ, **(env or {})}
+    output = subprocess.run(command, check=True, capture_output=True, text=True, env=environment).stdout
     for line in output.splitlines():
         if line.startswith("{"):
             print(line, flush=True)

@@ -1,17 +1,21 @@
-"""Training speed: target tokens per second of the compiled training step (forward, backward and
-Adam update: `training.backends.tensorflow.Trainer`, the product's own step), with and without XLA, next to the
-GFLOP/s of a large float32 matmul measured in the same run.
+"""Training speed: target tokens per second of the product's own training step (forward,
+backward and Adam update, through `training.backends`) under TensorFlow without and with XLA and
+under JAX, next to PyTorch's `nn.Transformer` of the same shape (bench/torch_reference.py, when
+PyTorch is installed) and to the GFLOP/s of a large float32 matmul, all measured in the same run.
 
     python -m bench.train_throughput           # small (d_model 256, 3+3 layers, vocab 8000) and base
+    python -m bench.train_throughput --configs small --backends jax,torch
     python -m bench.train_throughput --smoke   # seconds-long, tiny sizes (the test suite runs this)
 
 Batch: 64 pairs of 32 source + 32 target tokens, random ids, dropout as configured. FLOPs per
 step are counted from the config (matmuls only, backward = 2x forward); `fraction_of_matmul`
-is the training step's GFLOP/s over the matmul's.
+is the training step's GFLOP/s over the matmul's. Each row runs in its own process (its own
+Keras backend, its own peak memory).
 """
 
 import argparse
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,10 +23,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from bench import torch_reference  # noqa: E402
 from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
-from keras_transformer import Transformer, TransformerConfig  # noqa: E402
-from training.backends.tensorflow import Trainer  # noqa: E402
+from keras_transformer import TransformerConfig  # noqa: E402
+from training import backends  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
+
+# The rows of a run: (backend, XLA) in the order measured.
+ROWS = {"tensorflow": [("tensorflow", False), ("tensorflow", True)], "jax": [("jax", True)], "torch": [("torch", False)]}
 
 
 def make_config(name, vocab_size):
@@ -55,13 +63,9 @@ def training_flops(config, batch, source_len, target_len):
     return 3 * batch * (config.num_layers * (encoder + decoder) + logits)
 
 
-def measure(name, xla, args, ceiling):
+def measure(name, backend_name, xla, args, ceiling):
     keras.utils.set_random_seed(0)
     config = make_config(name, args.vocab_size)
-    model = Transformer(config)
-    optimizer = paper_optimizer(TransformerSchedule(config.d_model))
-    optimizer.build(model.trainable_variables)
-    trainer = Trainer(model, optimizer, tf.distribute.get_strategy(), jit_compile=xla)
     rng = np.random.default_rng(0)
     ids = lambda length: rng.integers(4, args.vocab_size, size=(args.batch, length), dtype=np.int32)  # noqa: E731
     batch = {
@@ -71,19 +75,31 @@ def measure(name, xla, args, ceiling):
         "batch_tokens": np.full([args.batch], args.batch * args.length, np.int32),
         "dropped_pairs": np.zeros([args.batch], np.int64),
     }
-    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
-    steps = tf.constant(args.steps)
-    seconds = time_call(lambda: float(trainer.train_steps(iterator, steps)[0]), args.repeats) / args.steps
+    if backend_name == "torch":
+        seconds = torch_reference.step_seconds(config, batch["source"], batch["target_input"], batch["target_output"],
+                                               args.steps, args.repeats)  # fmt: skip
+        if seconds is None:
+            print("PyTorch is not installed: no reference row (pip install torch).", file=sys.stderr)
+            return
+        parameters = None
+    else:
+        backend = backends.create("cpu")
+        backend.build(config, lambda: paper_optimizer(TransformerSchedule(config.d_model)))
+        backend.compile(label_smoothing=0.1, jit_compile=xla)
+        iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+        seconds = time_call(lambda: backend.train_steps(iterator, args.steps), args.repeats) / args.steps
+        parameters = backend.model.count_params()
     gflops = training_flops(config, args.batch, args.length, args.length) / seconds / 1e9
     emit(
         {
             "benchmark": "train_throughput",
             "config": name,
+            "backend": backend_name,
             "xla": xla,
             "batch": args.batch,
             "source_tokens": args.length,
             "target_tokens": args.length,
-            "parameters": model.count_params(),
+            "parameters": parameters,
             "step_seconds": round(seconds, 4),
             "tgt_tokens_per_s": round(args.batch * args.length / seconds, 1),
             "gflops_per_s": round(gflops, 1),
@@ -96,31 +112,32 @@ def measure(name, xla, args, ceiling):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, in one process")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes")
     parser.add_argument("--configs", default="small,base")
+    parser.add_argument("--backends", default="tensorflow,jax,torch")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--steps", type=int, default=10, help="steps per timed call")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--matmul-size", type=int, default=2048)
-    parser.add_argument("--only", help="one measurement, CONFIG:XLA (e.g. small:1), with --ceiling")
+    parser.add_argument("--only", help="one measurement, CONFIG:BACKEND:XLA (e.g. small:jax:1), with --ceiling")
     parser.add_argument("--ceiling", type=float, help="matmul GFLOP/s measured by the parent run")
     args = parser.parse_args()
     if args.smoke:
         args.configs, args.batch, args.length, args.vocab_size, args.steps, args.repeats, args.matmul_size = "smoke", 4, 8, 50, 2, 1, 256
     ceiling = args.ceiling or matmul_gflops(args.matmul_size, args.repeats)
     if args.only:
-        name, xla = args.only.split(":")
-        measure(name, bool(int(xla)), args, ceiling)
+        name, backend, xla = args.only.split(":")
+        measure(name, backend, bool(int(xla)), args, ceiling)
         return
+    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("smoke", "only", "ceiling")]
     for name in args.configs.split(","):
-        for xla in (False, True):
-            if args.smoke:
-                measure(name, xla, args, ceiling)
-            else:
-                passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("smoke", "only", "ceiling")]
-                run_isolated("bench.train_throughput", [*passed, f"--only={name}:{int(xla)}", f"--ceiling={ceiling}"])
+        for backend in args.backends.split(","):
+            for backend_name, xla in ROWS[backend]:
+                env = {"KERAS_BACKEND": "jax" if backend_name == "jax" else "tensorflow"}
+                run_isolated("bench.train_throughput", [*passed, f"--only={name}:{backend_name}:{int(xla)}",
+                                                        f"--ceiling={ceiling}"], env)  # fmt: skip
 
 
 if __name__ == "__main__":

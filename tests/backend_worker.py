@@ -1,8 +1,10 @@
 """Runs under either Keras backend, in its own process (tests choose KERAS_BACKEND and XLA_FLAGS):
 
-    step IN_WEIGHTS BATCH STEPS OUT        train STEPS steps of the product's backend step on one
-                                           batch (npz) from weights in IN_WEIGHTS (.weights.h5);
-                                           write OUT.weights.h5 and OUT.json (losses, replicas)
+    step IN_WEIGHTS BATCH STEPS OUT [POLICY]
+                                           train STEPS steps of the product's backend step on one
+                                           batch (npz) from weights in IN_WEIGHTS (.weights.h5),
+                                           under a Keras dtype POLICY (default float32); write
+                                           OUT.weights.h5 and OUT.json (losses, replicas)
     translate RUN_DIR SOURCES_JSON         greedy and beam search of the run's model, compiled for
                                            the backend, on sentences; prints JSON
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
@@ -25,9 +27,10 @@ from training.schedule import TransformerSchedule, paper_optimizer
 from training.train import parse_args, train
 
 
-def step(weights_path, batch_path, steps, out):
+def step(weights_path, batch_path, steps, out, policy="float32"):
     with open(weights_path.replace(".weights.h5", ".json")) as f:
         config = TransformerConfig.from_dict(json.load(f))
+    keras.mixed_precision.set_global_policy(policy)  # mixed_float16 gets loss scaling (TensorFlow)
     backend = backends.create("cpu")
     backend.build(config, lambda: paper_optimizer(TransformerSchedule(config.d_model, warmup_steps=10)))
     backend.model.load_weights(weights_path)
@@ -39,7 +42,8 @@ def step(weights_path, batch_path, steps, out):
     backend.sync_model()
     backend.model.save_weights(out + ".weights.h5")
     with open(out + ".json", "w") as f:
-        json.dump({"losses": losses, "replicas": backend.num_replicas, "backend": backend.name}, f)
+        json.dump({"losses": losses, "replicas": backend.num_replicas, "backend": backend.name,
+                   "optimizer": type(backend.optimizer).__name__}, f)  # fmt: skip
 
 
 def translate(run_dir, sources_json):

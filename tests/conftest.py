@@ -51,3 +51,30 @@ def synthetic_tokenizer(synthetic_sentencepiece):
     from training.tokenizer import Tokenizer
 
     return Tokenizer(synthetic_sentencepiece)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A small, fast command-line run: no dropout, so that two runs over the same data give the same
+# weights. Tests add the flags they need (--backend, --steps, evaluation).
+FAST_TRAINING = ["--steps", "40", "--checkpoint-every", "8", "--steps-per-call", "4", "--dropout", "0",
+                 "--batch-tokens", "512", "--max-length", "24", "--vocab-size", "500", "--strategy", "cpu"]  # fmt: skip
+
+
+def train_command(run_dir, *extra):
+    import sys
+
+    return [sys.executable, "-m", "training.train", "--run-dir", str(run_dir), *FAST_TRAINING, *extra]
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory):
+    """One TensorFlow run of `python -m training.train` with FAST_TRAINING, dev BLEU every 16
+    steps on 20 sentences and test BLEU at the end, shared by the tests that read a trained run
+    folder (the resume reference, the command-line tests, export). Tests that change a run folder
+    copy it first."""
+    import subprocess
+
+    path = tmp_path_factory.mktemp("cli_run") / "run"
+    subprocess.run(train_command(path, "--eval-every", "16", "--eval-sentences", "20"), check=True, cwd=ROOT,
+                   capture_output=True)  # fmt: skip
+    return path

@@ -41,11 +41,15 @@ def test_equals_keras_attention_with_causal_mask(rng):
     np.testing.assert_allclose(np.sum(weights, axis=-1), 1.0, atol=1e-5)
 
 
-def test_precomputed_key_value_equals_projection(rng):
-    ours, _, query, value = _pair(rng)
+def test_precomputed_key_value_equals_keras_attention(rng):
+    ours, reference, query, value = _pair(rng)
+    key, projected_value = ours.compute_key_value(value)
+    weights = {w.name: np.asarray(w) for w in ours.weights}
+    np.testing.assert_allclose(key, np.einsum("bsd,dnh->bsnh", value, weights["key_kernel"]) + weights["key_bias"], atol=1e-5)
     np.testing.assert_allclose(
-        ours(query, key_value=ours.compute_key_value(value)), ours(query, value), atol=1e-6
+        projected_value, np.einsum("bsd,dnh->bsnh", value, weights["value_kernel"]) + weights["value_bias"], atol=1e-5
     )
+    np.testing.assert_allclose(ours(query, key_value=(key, projected_value)), reference(query, value), atol=1e-5)
 
 
 def test_attention_dropout_changes_training_output_only(rng):

@@ -1,7 +1,9 @@
 """The Colab notebook: valid, committed without outputs, and executed top to bottom in smoke mode."""
 
 import ast
+import json
 import os
+import subprocess
 import sys
 
 import nbformat
@@ -10,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "colab", "train_on_tpu.ipynb")
 # What requirements.txt installs, the standard library, and the project's own packages.
-ALLOWED = {"keras", "tensorflow", "tensorflow_text", "tensorflow_datasets", "sentencepiece", "sacrebleu", "tensorboard",
+ALLOWED = {"keras", "jax", "tensorflow", "tensorflow_text", "tensorflow_datasets", "sentencepiece", "sacrebleu", "tensorboard",
            "matplotlib", "numpy", "keras_transformer", "training", "export"} | set(sys.stdlib_module_names)  # fmt: skip
 
 
@@ -40,7 +42,7 @@ def test_the_notebook_imports_only_what_the_requirements_install():
 
 
 @pytest.mark.slow
-def test_the_notebook_runs_top_to_bottom_in_smoke_mode(tmp_path):
+def test_the_notebook_runs_top_to_bottom_on_jax_in_smoke_mode(tmp_path):
     from nbclient import NotebookClient
 
     notebook = nbformat.read(NOTEBOOK, as_version=4)
@@ -52,6 +54,10 @@ def test_the_notebook_runs_top_to_bottom_in_smoke_mode(tmp_path):
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [output for output in outputs if output.output_type == "error"]
     text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
+    import jax
+
+    assert f"Keeping the runtime's jax=={jax.__version__}, jaxlib==" in text
+    assert " on jax; JAX " in text and "cpu device(s)" in text
     assert "Test BLEU " in text and "Attention plot saved to " in text
     images = [output for output in outputs if output.output_type == "display_data" and "image/png" in output.data]
     assert len(images) >= 2  # the curves and the attention heatmap
@@ -59,3 +65,17 @@ def test_the_notebook_runs_top_to_bottom_in_smoke_mode(tmp_path):
     assert os.path.getsize(plot) > 1000
     served = [line for line in text.splitlines() if line.startswith("SavedModel: ")]
     assert len(served) == 2 and all(" -> " in line for line in served)
+    run_dir = os.path.dirname(plot)
+    with open(os.path.join(run_dir, "training.json")) as f:
+        assert json.load(f)["backend"] == "jax"
+
+
+def test_without_a_tpu_the_notebook_stops_and_says_why():
+    """Outside smoke mode, the Connect cell refuses to train on a machine without a TPU."""
+    cells = _code_cells()
+    connect = next(cell.source for cell in cells if "local_devices(STRATEGY)" in cell.source)
+    script = "import os\nos.environ['KERAS_BACKEND'] = 'jax'\nSMOKE = False\nALLOW_WITHOUT_TPU = False\n" + connect
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT})  # fmt: skip
+    assert result.returncode != 0
+    assert "--strategy tpu: JAX sees no TPU, only 1 cpu device(s). On Colab, pick a TPU runtime" in result.stderr

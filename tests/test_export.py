@@ -15,7 +15,6 @@ from tensorflow.python.framework import op_def_registry
 from export.__main__ import export
 from training.evaluate import make_translator
 from training.run_folder import RunFolder
-from training.train import parse_args, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCES = [
@@ -26,13 +25,13 @@ SENTENCES = [
 BAD_INPUTS = ["", "   \t ", "word " * 20000, "bytes \xff\xfe that are not UTF-8", "日本語のテキスト"]
 
 
+# Every test here exports the shared trained run (conftest's cli_run).
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("run")
-    flags = ["--run-dir", str(path), "--steps", "60", "--checkpoint-every", "60", "--batch-tokens", "1024",
-             "--max-length", "40", "--vocab-size", "500", "--no-evaluate", "--strategy", "cpu"]  # fmt: skip
-    train(parse_args(flags))
-    return str(path)
+def run_dir(cli_run):
+    return str(cli_run)
 
 
 @pytest.fixture(scope="module")

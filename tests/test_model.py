@@ -60,18 +60,36 @@ def test_padding_does_not_change_real_positions(model, rng):
 
 
 def test_source_padding_is_ignored_by_attention(model, rng):
-    source = _ids(rng, 1, 6, pad_from=[4])
-    other = source.copy()
-    other[0, 4:] = 0
+    source = _ids(rng, 1, 6, pad_from=[4])  # 4 real tokens, then 2 padding positions
     target = _ids(rng, 1, 3)
-    np.testing.assert_allclose(model((source, target)), model((other, target)), atol=1e-6)
-    assert not np.allclose(model((source[:, :3], target)), model((source, target)))
+    # The padded source translates as the same 4 tokens without padding...
+    np.testing.assert_allclose(model((source, target)), model((source[:, :4], target)), atol=1e-5)
+    # ...while real tokens in those 2 positions change the output.
+    filled = source.copy()
+    filled[0, 4:] = _ids(rng, 1, 2)
+    assert not np.allclose(model((filled, target)), model((source, target)), atol=1e-5)
+
+
+def _parameters(config):
+    """The parameter count of section 3, by hand: a shared embedding (3.4); per encoder layer one
+    attention block (4 d x d projections with biases), the FFN (eq. 2) and 2 layer norms; per
+    decoder layer two attention blocks, the FFN and 3 layer norms."""
+    d, d_ff = config.d_model, config.d_ff
+    attention = 4 * (d * d + d)
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    norm = 2 * d
+    encoder_layer = attention + ffn + 2 * norm
+    decoder_layer = 2 * attention + ffn + 3 * norm
+    return config.vocab_size * d + config.num_layers * (encoder_layer + decoder_layer)
+
+
+def test_parameter_count_is_the_papers_architecture(model):
+    assert model.count_params() == _parameters(model.config)
 
 
 @pytest.mark.parametrize("preset, paper", [("base", 65e6), ("big", 213e6)])
 def test_parameter_count_matches_the_paper(preset, paper):
-    model = Transformer(TransformerConfig.preset(preset, 37000))
-    assert abs(model.count_params() - paper) / paper < 0.05
+    assert abs(_parameters(TransformerConfig.preset(preset, 37000)) - paper) / paper < 0.05
 
 
 def test_one_embedding_matrix_serves_source_target_and_output(model):

@@ -27,6 +27,7 @@ def _trainer(config, strategy=None, weights=None, warmup_steps=40, scale=1.0, la
     return Trainer(model, optimizer, strategy, label_smoothing)
 
 
+@pytest.mark.slow
 def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer):
     def tokens(text):
         return len(synthetic_tokenizer.tokenize(text))
@@ -108,3 +109,33 @@ def test_bad_flags_are_named(capsys):
         parse_args(["--run-dir", "x", "--max-minutes", "-1"])
     assert "--max-minutes must be positive, got -1.0" in capsys.readouterr().err
     assert parse_args(["--run-dir", "x", "--config", "base"]).batch_tokens == 25000
+
+
+def test_schedule_and_smoothing_flags_reach_the_optimizer_and_the_loss(tmp_path, monkeypatch):
+    import training.backends.tensorflow as tensorflow_backend
+    import training.train as train_module
+
+    optimizers, smoothings = [], []
+    original_loss = tensorflow_backend.smoothed_cross_entropy
+
+    def recording_optimizer(schedule):
+        optimizers.append(paper_optimizer(schedule))
+        return optimizers[-1]
+
+    def recording_loss(labels, logits, smoothing):
+        smoothings.append(smoothing)
+        return original_loss(labels, logits, smoothing)
+
+    monkeypatch.setattr(tensorflow_backend, "smoothed_cross_entropy", recording_loss)
+    monkeypatch.setattr(train_module, "paper_optimizer", recording_optimizer)
+    flags = ["--run-dir", str(tmp_path), "--steps", "3", "--steps-per-call", "3", "--batch-tokens", "256", "--max-length", "16",
+             "--vocab-size", "200", "--no-evaluate", "--strategy", "cpu", "--warmup-steps", "7",
+             "--learning-rate-scale", "3.5", "--label-smoothing", "0.25"]  # fmt: skip
+    model, _ = train_module.train(parse_args(flags))
+    (optimizer,) = optimizers
+    d_model = model.config.d_model
+    # After 3 updates Keras evaluates the schedule at iterations = 3, that is step_num 4 (section 5.3).
+    expected = 3.5 * d_model**-0.5 * min(4**-0.5, 4 * 7**-1.5)
+    np.testing.assert_allclose(float(optimizer.learning_rate), expected, rtol=1e-6)
+    assert int(optimizer.iterations) == 3
+    assert smoothings and set(smoothings) == {0.25}

@@ -1,0 +1,85 @@
+"""Host input pipeline speed: tokenize, bucket and batch (`training.data.training_batches`, what
+training reads), in real target tokens per second, next to what one TPU v5e chip would consume
+training the base model.
+
+    python -m bench.pipeline --data ../shared/data/multi30k   # Multi30k EN-DE, 25,000-token batches
+    python -m bench.pipeline --smoke                          # seconds: the synthetic corpus
+
+The chip's appetite is an estimate, written down here: the base model's training FLOPs per
+target token (matmuls, backward = 2x forward; `bench.train_throughput.training_flops`, sources
+as long as targets) at 40% of the chip's 197 bf16 TFLOP/s. `cores_per_chip` is how many host
+cores at this speed keep one chip fed.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from bench.common import emit, peak_rss_mb  # noqa: E402
+from bench.train_throughput import training_flops  # noqa: E402
+from keras_transformer import TransformerConfig  # noqa: E402
+from training import data  # noqa: E402
+from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
+
+V5E_BF16_FLOPS = 197e12
+UTILISATION = 0.4
+TYPICAL_LENGTH = 32  # tokens per sentence for the FLOP estimate (attention's share grows with it)
+
+
+def v5e_chip_target_tokens_per_second(vocab_size=37_000):
+    """Target tokens/s one v5e chip trains the base model at, at UTILISATION of its peak."""
+    config = TransformerConfig.base(vocab_size)
+    flops_per_token = training_flops(config, 1, TYPICAL_LENGTH, TYPICAL_LENGTH) / TYPICAL_LENGTH
+    return V5E_BF16_FLOPS * UTILISATION / flops_per_token, flops_per_token
+
+
+def measure(corpus, tokenizer, batch_tokens, batches, warmup):
+    dataset = data.training_batches(corpus, tokenizer, batch_tokens=batch_tokens, max_length=256)
+    iterator = iter(dataset)
+    for _ in range(warmup):  # fills the shuffle buffer and the buckets
+        next(iterator)
+    tokens, start = 0, time.perf_counter()
+    for _ in range(batches):
+        tokens += int(next(iterator)["batch_tokens"][0])
+    return tokens / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", help="a Multi30k folder (train.en, train.de)")
+    parser.add_argument("--batch-tokens", type=int, default=25_000)
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--batches", type=int, default=200, help="batches timed")
+    parser.add_argument("--warmup", type=int, default=20, help="batches read before timing")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        corpus, args.vocab_size, args.batch_tokens, args.batches, args.warmup = data.load_corpus("synthetic"), 300, 2000, 5, 2
+    elif args.data:
+        corpus = data.text_file_corpus(args.data, "en", "de", {"dev": "val", "test": "test2016"})
+    else:
+        parser.error("--data is required (a Multi30k folder), or --smoke")
+    texts = [text for pair in corpus.text_pairs("train") for text in pair]
+    tokenizer = Tokenizer(train_sentencepiece(texts, args.vocab_size))
+    tokens_per_second = measure(corpus, tokenizer, args.batch_tokens, args.batches, args.warmup)
+    chip, flops_per_token = v5e_chip_target_tokens_per_second()
+    cores = os.cpu_count()
+    emit(
+        {
+            "benchmark": "pipeline",
+            "corpus": corpus.name,
+            "batch_tokens": args.batch_tokens,
+            "tgt_tokens_per_s": round(tokens_per_second),
+            "tgt_tokens_per_s_per_core": round(tokens_per_second / cores),
+            "v5e_chip_tgt_tokens_per_s_estimate": round(chip),
+            "base_training_flops_per_tgt_token": round(flops_per_token),
+            "cores_per_chip": round(chip / (tokens_per_second / cores), 1),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
