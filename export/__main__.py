@@ -18,7 +18,10 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if __name__ == "__main__":  # the served graph is TensorFlow's, whichever backend trained the run
+    os.environ["KERAS_BACKEND"] = "tensorflow"
 
+import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from export.serving import Translator  # noqa: E402
@@ -33,6 +36,11 @@ def next_version(base):
 def export(run_dir, base, *, beam_size=4, alpha=0.6, max_extra_length=50, version=None, checkpoint=None):
     """Exports the run's model (averaged checkpoint if there is one, else the latest); returns
     the version folder."""
+    if keras.config.backend() != "tensorflow":
+        raise ValueError(
+            f"The export builds a TensorFlow graph, but Keras runs on {keras.config.backend()}: run "
+            "`python -m export` (it uses the TensorFlow backend), or set KERAS_BACKEND=tensorflow."
+        )
     if beam_size < 1 or max_extra_length < 0:
         raise ValueError(f"--beam-size must be >= 1 and --max-extra-length >= 0, got {beam_size} and {max_extra_length}.")
     run = RunFolder(run_dir)

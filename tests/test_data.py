@@ -115,3 +115,19 @@ def test_batches_have_bucket_shapes_token_budgets_and_shifted_targets(synthetic_
     assert shapes <= {(256 // length // 2 * 2, length) for length in data.bucket_lengths(24)}
     # The 50-word pair is over --max-length: dropped and counted, once per pass over the data.
     assert batch["dropped_pairs"].numpy()[0] >= 1
+
+
+def test_the_training_split_is_tokenized_once_into_a_file_with_the_same_batches(synthetic_corpus, synthetic_tokenizer, tmp_path):
+    corpus = data.Corpus("small", "en", "de", pairs={"train": synthetic_corpus.text_pairs("train", 300)})
+    settings = dict(batch_tokens=256, max_length=24, seed=3, shuffle_buffer=100)
+    cache = str(tmp_path / "data" / "train-x.tfrecord")
+    fresh = list(data.training_batches(corpus, synthetic_tokenizer, **settings).take(12).as_numpy_iterator())
+    cached = list(data.training_batches(corpus, synthetic_tokenizer, **settings, cache_path=cache).take(12).as_numpy_iterator())
+    assert os.path.exists(cache) and os.listdir(tmp_path / "data") == ["train-x.tfrecord"]
+    # A second pipeline reads the file, not the corpus (whose text is gone here), and sees the same batches.
+    emptied = data.Corpus("small", "en", "de", pairs={"train": [("x", "y")]})
+    again = list(data.training_batches(emptied, synthetic_tokenizer, **settings, cache_path=cache).take(12).as_numpy_iterator())
+    for a, b, c in zip(fresh, cached, again):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+            np.testing.assert_array_equal(a[name], c[name])

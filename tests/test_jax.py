@@ -135,6 +135,12 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_
     for (_, mean), (_, a), (_, b) in zip(averaged, first, second):
         np.testing.assert_allclose(mean, (a + b) / 2, rtol=1e-5, atol=1e-7)
 
+    # The same commands as for a TensorFlow run, in a shell where KERAS_BACKEND=jax.
+    evaluated = run_under("jax", "-m", "training.evaluate", "--run-dir", run, "--split", "test", "--limit", "8")
+    assert '"sentences": 8' in evaluated and "averaged/ckpt-16.weights.h5" in evaluated
+    exported = run_under("jax", "-m", "export", "--run-dir", run, "--out", str(tmp_path / "exports"))
+    assert f"Exported to {tmp_path}/exports/1" in exported
+
 
 @pytest.mark.slow
 def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(

@@ -145,7 +145,40 @@ def bucket_lengths(max_length):
     return lengths + [max_length]
 
 
-def training_batches(corpus, tokenizer, *, batch_tokens, max_length, batch_multiple=1, seed=0, shuffle_buffer=20000):
+def tokenized_training_pairs(corpus, tokenizer, cache_path=None):
+    """The training split as (source ids with end-of-sentence, target ids) pairs.
+
+    With `cache_path`, the split is tokenized once into a TFRecord file there (written aside and
+    renamed into place), and read back from it by every epoch and every resumed run: on an
+    accelerator the host then only shuffles, buckets and pads. The file belongs to one
+    tokenizer; `RunFolder.tokenized_path` names it after the tokenizer's hash.
+    """
+
+    def encode(source, target):
+        source_ids = tf.concat([tokenizer.tokenize(source), [EOS_ID]], axis=0)
+        return source_ids, tokenizer.tokenize(target)
+
+    pairs = corpus.dataset("train").map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if cache_path is None:
+        return pairs
+    if not tf.io.gfile.exists(cache_path):
+        # One record per pair: [len(source), *source, *target].
+        records = pairs.map(lambda source, target: tf.io.serialize_tensor(tf.concat([tf.shape(source), source, target], 0)))
+        tf.io.gfile.makedirs(os.path.dirname(cache_path) or ".")
+        staging = f"{cache_path}.tmp-{os.getpid()}"
+        tf.data.experimental.TFRecordWriter(staging).write(records)
+        tf.io.gfile.rename(staging, cache_path, overwrite=True)
+
+    def decode(record):
+        ids = tf.ensure_shape(tf.io.parse_tensor(record, tf.int32), [None])
+        return ids[1 : 1 + ids[0]], ids[1 + ids[0] :]
+
+    return tf.data.TFRecordDataset(cache_path).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def training_batches(
+    corpus, tokenizer, *, batch_tokens, max_length, batch_multiple=1, seed=0, shuffle_buffer=20000, cache_path=None
+):
     """Endless, shuffled, length-bucketed batches of the training split.
 
     Each batch pads every sentence to its bucket's length L (from `bucket_lengths`) and holds
@@ -157,14 +190,11 @@ def training_batches(corpus, tokenizer, *, batch_tokens, max_length, batch_multi
     `batch_tokens` `[B]`, the batch's count of real target tokens on every row (so that each
     replica of a distributed step can normalise its loss by the global count); and
     `dropped_pairs` `[B]`, how many pairs were dropped so far. The count lives in the
-    dataset's own state, so it survives checkpointing the iterator.
+    dataset's own state, so it survives checkpointing the iterator. `cache_path`: tokenize once
+    (see `tokenized_training_pairs`); the batches are the same either way.
     """
     lengths = bucket_lengths(max_length)
     sizes = [max(batch_multiple, batch_tokens // length // batch_multiple * batch_multiple) for length in lengths]
-
-    def encode(source, target):
-        source_ids = tf.concat([tokenizer.tokenize(source), [EOS_ID]], axis=0)
-        return source_ids, tokenizer.tokenize(target)
 
     def count_dropped(dropped, pair):
         source_ids, target_ids = pair
@@ -184,8 +214,7 @@ def training_batches(corpus, tokenizer, *, batch_tokens, max_length, batch_multi
             "dropped_pairs": tf.fill([rows], tf.reduce_max(dropped)),
         }
 
-    dataset = corpus.dataset("train").shuffle(shuffle_buffer, seed=seed).repeat()
-    dataset = dataset.map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = tokenized_training_pairs(corpus, tokenizer, cache_path).shuffle(shuffle_buffer, seed=seed).repeat()
     dataset = dataset.scan(tf.constant(0, tf.int64), count_dropped)
     dataset = dataset.filter(lambda source, target, fits, dropped: fits)
     dataset = dataset.map(lambda source, target, fits, dropped: (source, target, dropped))

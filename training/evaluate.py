@@ -7,6 +7,7 @@ Writes `DIR/metrics.json` (for the test split) and `DIR/translations.<split>.txt
 import argparse
 import json
 import os
+import sys
 import time
 
 import keras
@@ -122,18 +123,21 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     run = run_folder.RunFolder(args.run_dir)
-    model, checkpoint_path = run.load_model(args.checkpoint)
-    corpus = run.load_corpus()
-    metrics = evaluate(
-        model,
-        run.load_tokenizer(),
-        corpus,
-        args.split,
-        beam_size=args.beam_size,
-        alpha=args.alpha,
-        limit=args.limit,
-        output_path=os.path.join(args.run_dir, f"translations.{args.split}.txt"),
-    )
+    try:
+        model, checkpoint_path = run.load_model(args.checkpoint)
+        corpus = run.load_corpus()
+        metrics = evaluate(
+            model,
+            run.load_tokenizer(),
+            corpus,
+            args.split,
+            beam_size=args.beam_size,
+            alpha=args.alpha,
+            limit=args.limit,
+            output_path=os.path.join(args.run_dir, f"translations.{args.split}.txt"),
+        )
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     metrics["checkpoint"] = checkpoint_path
     if args.split == "test":
         run.update_metrics(metrics)

@@ -4,6 +4,7 @@
     DIR/training.json        the data and training settings that a resumed run must share,
                              the Keras backend that trained it among them
     DIR/tokenizer.model      the SentencePiece model
+    DIR/data/                the training split tokenized once (train-TOKENIZER_HASH.tfrecord)
     DIR/checkpoints/         model, optimizer, step and data position: tf.train.Checkpoint files
                              `ckpt-STEP.*` (TensorFlow) or folders `ckpt-STEP/` (JAX; see
                              training/backends/jax.py), the last few kept
@@ -13,6 +14,7 @@
     DIR/metrics.json         test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
 """
 
+import hashlib
 import json
 import os
 import re
@@ -115,6 +117,11 @@ class RunFolder:
             if re.fullmatch(r"ckpt-\d+", name) and os.path.exists(os.path.join(path, "state.json")):
                 found.append((_step_of(name), path))
         return sorted(found)
+
+    def tokenized_path(self, tokenizer):
+        """Where the training split tokenized by `tokenizer` is kept (training.data)."""
+        digest = hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]
+        return os.path.join(self.path, "data", f"train-{digest}.tfrecord")
 
     def averaged(self):
         """(path, the steps it averages) of the averaged checkpoint, or None."""

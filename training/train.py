@@ -124,7 +124,7 @@ def train(args, strategy=None):
     backend.compile(args.label_smoothing, jit_compile=not args.no_xla)
     batches = data.training_batches(
         corpus, tokenizer, batch_tokens=args.batch_tokens, max_length=config.max_length,
-        batch_multiple=backend.num_replicas, seed=args.seed,
+        batch_multiple=backend.num_replicas, seed=args.seed, cache_path=run.tokenized_path(tokenizer),
     )  # fmt: skip
     iterator = iter(batches)  # every worker reads the same global batches
     latest, train_seconds = backend.restore(run, iterator, args.keep_checkpoints)
