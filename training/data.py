@@ -162,6 +162,7 @@ def tokenized_training_pairs(corpus, tokenizer, cache_path=None):
     if cache_path is None:
         return pairs
     if not tf.io.gfile.exists(cache_path):
+        print(f"Tokenizing the training split of {corpus.name} once, into {cache_path}...", flush=True)
         # One record per pair: [len(source), *source, *target].
         records = pairs.map(lambda source, target: tf.io.serialize_tensor(tf.concat([tf.shape(source), source, target], 0)))
         tf.io.gfile.makedirs(os.path.dirname(cache_path) or ".")
