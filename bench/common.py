@@ -34,10 +34,18 @@ def emit(record):
 
 def run_isolated(module, args, env=None):
     """Runs `python -m module args` in a fresh process (so peak memory is its own), with `env`
-    added to the environment, and passes its JSON lines through."""
+    added to the environment, passes its JSON lines through, and returns them as dicts."""
     command = [sys.executable, "-m", module, *args]
     environment = {**os.environ, **(env or {})}
-    output = subprocess.run(command, check=True, capture_output=True, text=True, env=environment).stdout
-    for line in output.splitlines():
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if result.returncode:
+        raise SystemExit(f"{' '.join(command[1:])} failed:\n{result.stderr[-3000:]}")
+    records = []
+    for line in result.stdout.splitlines():
         if line.startswith("{"):
             print(line, flush=True)
+            records.append(json.loads(line))
+    for line in result.stderr.splitlines():  # a skipped reference row says why
+        if "not installed" in line:
+            print(line, file=sys.stderr, flush=True)
+    return records

@@ -17,11 +17,14 @@ import os
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
 from bench.common import emit, peak_rss_mb  # noqa: E402
+from keras_transformer.search import DecodingSettings  # noqa: E402
 from training import evaluate, synthetic, train  # noqa: E402
 from training.average_checkpoints import average_checkpoints  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
@@ -58,11 +61,11 @@ def run(data_dir, run_dir, extra_flags=()):
 
     folder = RunFolder(run_dir)
     tokenizer, corpus = folder.load_tokenizer(), folder.load_corpus()
-    settings = dict(beam_size=args.beam_size, alpha=args.alpha)
+    settings = DecodingSettings(args.beam_size, args.alpha)
     last_model, _ = folder.load_model(tf.train.latest_checkpoint(folder.checkpoint_dir))
-    last = evaluate.evaluate(last_model, tokenizer, corpus, "test", **settings)
+    last = evaluate.evaluate(last_model, tokenizer, corpus, "test", settings)
     averaged_model, checkpoint = folder.load_model()
-    metrics = evaluate.evaluate(averaged_model, tokenizer, corpus, "test", **settings,
+    metrics = evaluate.evaluate(averaged_model, tokenizer, corpus, "test", settings,
                                 output_path=os.path.join(run_dir, "translations.test.txt"))  # fmt: skip
     metrics.update(checkpoint=checkpoint, steps=trained["steps"], train_seconds=trained["train_seconds"])
     folder.update_metrics(metrics)

@@ -17,7 +17,9 @@ import os
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 from bench.common import emit, peak_rss_mb  # noqa: E402
 from bench.train_throughput import training_flops  # noqa: E402

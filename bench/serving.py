@@ -13,13 +13,16 @@ the HTTP or gRPC layer. One JSON line per beam size and batch size.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -70,7 +73,8 @@ def _metadata(export_dir):
 
 
 def export_and_measure(run_dir, scratch, args):
-    from export.__main__ import export
+    from export.saved_model import export
+    from keras_transformer.search import DecodingSettings
     from training.run_folder import RunFolder
 
     sources = [source for source, _ in RunFolder(run_dir).load_corpus().text_pairs("test")]
@@ -78,8 +82,10 @@ def export_and_measure(run_dir, scratch, args):
     with open(sentences_path, "w", encoding="utf-8") as f:
         f.writelines(sentence + "\n" for sentence in sources)
     for beam_size in args.beam_sizes:
-        export_dir = export(run_dir, os.path.join(scratch, f"beam{beam_size}"), beam_size=beam_size,
-                            max_extra_length=args.max_extra_length)  # fmt: skip
+        settings = DecodingSettings(beam_size=beam_size)
+        if args.max_extra_length is not None:
+            settings = dataclasses.replace(settings, max_extra_length=args.max_extra_length)
+        export_dir = export(run_dir, os.path.join(scratch, f"beam{beam_size}"), settings)
         run_isolated("bench.serving", [f"--only={export_dir}", f"--sentences={sentences_path}",
                                        f"--batch-sizes={','.join(map(str, args.batch_sizes))}", f"--requests={args.requests}"])  # fmt: skip
 
@@ -91,7 +97,7 @@ def main():
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--batch-sizes", default="1,32")
     parser.add_argument("--requests", type=int, default=50, help="timed requests per batch size")
-    parser.add_argument("--max-extra-length", type=int, default=50, help="as python -m export")
+    parser.add_argument("--max-extra-length", type=int, help="as python -m export (default: its default)")
     parser.add_argument("--only", help="measure this export folder (in this process)")
     parser.add_argument("--sentences", help="with --only: a file of source sentences")
     args = parser.parse_args()

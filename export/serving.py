@@ -12,8 +12,7 @@ source longer than `max_source_length` tokens is cut there, and outputs have at 
 
 import tensorflow as tf
 
-from keras_transformer import EOS_ID, PAD_ID
-from keras_transformer.search import beam_search, greedy_search
+from keras_transformer.search import DecodingSettings, decode
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 
@@ -24,33 +23,26 @@ class Translator(tf.Module):
     Args:
         model: the `Transformer`.
         tokenizer: the run's `Tokenizer`.
-        beam_size: 1 for greedy search.
-        alpha: the length penalty.
-        max_extra_length: outputs have at most source length + this many tokens.
+        settings: a `DecodingSettings` (beam size 1 is greedy search).
         assets: files to carry in the SavedModel's assets (the SentencePiece model, config,
             metadata).
     """
 
-    def __init__(self, model, tokenizer, *, beam_size=4, alpha=0.6, max_extra_length=50, assets=()):
+    def __init__(self, model, tokenizer, settings=DecodingSettings(), assets=()):
         super().__init__()
         self.model = model
         # The tf.Variables behind Keras 3's variables, tracked here so that the C++ loader (TF
         # Serving, saved_model_cli) restores them too, not only tf.saved_model.load in Python.
         self.model_variables = [weight.value for weight in model.weights]
         self.tokenizer = tokenizer
-        self.beam_size, self.alpha, self.max_extra_length = beam_size, alpha, max_extra_length
-        self.max_source_length = model.config.max_length
+        self.settings = settings
         self.assets = [tf.saved_model.Asset(path) for path in assets]
 
     @tf.function(input_signature=[TEXT_SPEC])
     def translate(self, text):
+        # TF Serving feeds any shape it is sent; Python callers are checked against TEXT_SPEC.
+        text = tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings")
         text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
-        ids = self.tokenizer.tokenize(text)[:, : self.max_source_length - 1]
-        eos = tf.fill([tf.shape(text)[0], 1], EOS_ID)
-        source_ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1).to_tensor(PAD_ID)
-        settings = dict(alpha=self.alpha, max_extra_length=self.max_extra_length)
-        if self.beam_size == 1:
-            result = greedy_search(self.model, source_ids, **settings)
-        else:
-            result = beam_search(self.model, source_ids, beam_size=self.beam_size, **settings)
+        source_ids = self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
+        result = decode(self.model, source_ids, self.settings, static_shapes=False)  # no XLA: the growing cache
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}

@@ -9,7 +9,9 @@ import os
 import re
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (registers the SentencePiece ops the SavedModel uses)

@@ -95,25 +95,28 @@ class Transformer(keras.Model):
         _, weights = self.decoder(x, encoder_output, source_mask, return_attention_scores=True)
         return weights
 
-    def init_cache(self, encoder_output, max_length):
-        """The decoder's key/value cache for `max_length` target positions (see `decode_step`)."""
-        return self.decoder.init_cache(encoder_output, max_length)
+    def init_cache(self, encoder_output, hypotheses=1, max_length=None):
+        """The decoder's key/value cache for decoding `hypotheses` outputs per sentence (see
+        `decode_step`). It grows by one position a step; with `max_length` it is preallocated for
+        that many positions instead, so that its shapes stay fixed (XLA, TPUs)."""
+        return self.decoder.init_cache(encoder_output, hypotheses, max_length)
 
     def reorder_cache(self, cache, rows):
-        """The cache of the hypotheses `rows` (int `[batch]`), as beam search keeps them."""
+        """The cache of the hypotheses `rows` (int `[batch * hypotheses]`), as beam search keeps them."""
         return self.decoder.reorder_cache(cache, rows)
 
     def decode_step(self, token_ids, index, cache, source_mask):
         """Decodes one position from the cache, without dropout.
 
         Args:
-            token_ids: integer `[batch]`, the target token at position `index`.
+            token_ids: integer `[batch * hypotheses]`, the target token at position `index` of
+                each output; a sentence's hypotheses in adjacent rows.
             index: scalar position.
             cache: from `init_cache` (or the previous step).
-            source_mask: boolean `[batch, 1, source_len]`.
+            source_mask: boolean `[batch, 1, source_len]`, from `encode`.
 
         Returns:
-            (float32 logits `[batch, vocab]` for position `index + 1`, updated cache).
+            (float32 logits `[batch * hypotheses, vocab]` for position `index + 1`, updated cache).
         """
         x = self.embedding(token_ids[:, None])
         x = self.positional_encoding(x, start_index=index)

@@ -1,32 +1,103 @@
 """Greedy and beam search over a trained `Transformer`, batched, with the decoder's key/value cache.
 
-The encoder runs once; the decoder advances one position per step from its cache (see
-`DecoderLayer`), which the model creates, writes and reorders: the search never looks inside it.
-Written in `keras.ops`, so it runs under TensorFlow (a plain `tf.function`, as the exported
-SavedModel runs it, or compiled with XLA) and under JAX (`jax.jit`). Every loop variable keeps its
-shape from step to step, as XLA and TPUs need.
+`decode(model, source_ids, settings)` is the one entry point: evaluation, export, benchmarks and
+the notebook call it with a `DecodingSettings`, whose defaults are the paper's (`hyperparameters.md`):
+beam 4, length penalty `lp(Y) = ((5 + |Y|) / 6) ** alpha` with alpha 0.6, at most
+`source length + 50` output tokens, early termination. |Y| counts the output tokens including the
+end-of-sentence token. The padding id is never generated.
 
-Decoding settings follow the paper (`hyperparameters.md`): beam 4, length penalty
-`lp(Y) = ((5 + |Y|) / 6) ** alpha` with alpha 0.6, at most `source length + 50` output tokens,
-early termination. |Y| counts the output tokens including the end-of-sentence token. The padding
-id is never generated.
+The encoder runs once; the decoder advances one position per step from its cache, which the
+model creates, writes and reorders (keras_transformer/decoder.py): the search never looks inside
+it. Written in `keras.ops`, so it runs under TensorFlow and under JAX. Two cache layouts:
+
+- growing (the default under TensorFlow): each step appends one position, and attention reads
+  only the positions decoded so far. Its shapes change from step to step, which a TensorFlow
+  graph without XLA allows (the exported SavedModel runs so).
+- static (`static_shapes=True`; always under JAX): preallocated for the longest output, written
+  in place, every loop variable keeping its shape, as XLA and TPUs need. Pass it when compiling
+  with `tf.function(jit_compile=True)`.
 """
 
 import collections
+import dataclasses
 
+import keras
 from keras import ops
 
 from keras_transformer.common import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1e9
 
+
+@dataclasses.dataclass(frozen=True)
+class DecodingSettings:
+    """How to decode: the paper's beam search by default.
+
+    Args:
+        beam_size: hypotheses kept per sentence; 1 is greedy search.
+        alpha: the length penalty exponent.
+        max_extra_length: each output has at most its source's length + this many tokens.
+    """
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_extra_length: int = 50
+
+    def __post_init__(self):
+        if self.beam_size < 1 or self.max_extra_length < 0 or self.alpha < 0:
+            raise ValueError(
+                f"Decoding needs beam_size >= 1, alpha >= 0 and max_extra_length >= 0; got beam_size "
+                f"{self.beam_size}, alpha {self.alpha}, max_extra_length {self.max_extra_length}."
+            )
+
+
 SearchResult = collections.namedtuple("SearchResult", ["tokens", "scores"])
-SearchResult.__doc__ = """Output of `greedy_search` and `beam_search`.
+SearchResult.__doc__ = """Output of `decode`, `greedy_search` and `beam_search`.
 
 tokens: int32 `[batch, max_length]` (or `[batch, n, max_length]` for n-best), the output tokens
     without begin- and end-of-sentence ids, padded with 0.
 scores: float32 `[batch]` (or `[batch, n]`), log P(Y | X) / lp(Y).
 """
+
+GreedyState = collections.namedtuple("GreedyState", ["index", "tokens", "log_prob", "length", "done", "cache"])
+GreedyState.__doc__ = """The loop state of `greedy_search`.
+
+index: the position being decoded (scalar). tokens: int32 `[batch, steps + 1]`, BOS then the
+outputs. log_prob, length, done: `[batch]`. cache: the model's, unread here.
+"""
+
+BeamState = collections.namedtuple(
+    "BeamState", ["index", "alive", "alive_log_prob", "finished", "finished_score", "done", "cache"]
+)
+BeamState.__doc__ = """The loop state of `beam_search`, for a batch of sentences with k hypotheses each.
+
+index: the position being decoded (scalar). alive: int32 `[batch, k, steps + 1]`, the hypotheses
+still growing (BOS, then tokens); alive_log_prob: `[batch, k]`, their log P (NEG_INF once they
+end). finished, finished_score: the k best ended hypotheses and their log P / lp. done:
+`[batch]`, no alive hypothesis can beat the finished ones. cache: the model's, unread here.
+"""
+
+
+def decode(model, source_ids, settings=DecodingSettings(), *, static_shapes=None, max_length=None):
+    """Translates `source_ids` with `settings`: greedy search for beam size 1, else beam search.
+
+    Args:
+        model: a `Transformer`.
+        source_ids: int32 `[batch, source_len]`, each source ending with the end-of-sentence
+            id, padded with 0.
+        settings: a `DecodingSettings`.
+        static_shapes: use the static cache (default: under JAX only); True for XLA.
+        max_length: a hard cap on the output length (default: none, or the learned position
+            table's size).
+
+    Returns:
+        A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
+    """
+    common = dict(alpha=settings.alpha, max_extra_length=settings.max_extra_length, max_length=max_length,
+                  static_shapes=static_shapes)  # fmt: skip
+    if settings.beam_size == 1:
+        return greedy_search(model, source_ids, **common)
+    return beam_search(model, source_ids, beam_size=settings.beam_size, **common)
 
 
 def length_penalty(length, alpha):
@@ -35,7 +106,15 @@ def length_penalty(length, alpha):
 
 
 def greedy_search(
-    model, source_ids, *, alpha=0.6, max_extra_length=50, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID
+    model,
+    source_ids,
+    *,
+    alpha=DecodingSettings.alpha,
+    max_extra_length=DecodingSettings.max_extra_length,
+    max_length=None,
+    static_shapes=None,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
 ):
     """Translates `source_ids` `[batch, source_len]` by taking the most likely token each step.
 
@@ -46,49 +125,53 @@ def greedy_search(
         max_extra_length: each output has at most its source's length + this many tokens.
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
+        static_shapes: the static cache (module docstring); default: under JAX only.
         bos_id, eos_id: the begin- and end-of-sentence ids.
 
     Returns:
         A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
+    static_shapes = _static_shapes(static_shapes)
     encoder_output, source_mask = model.encode(source_ids, training=False)
     length_limit, steps = _length_limits(model, source_ids, max_extra_length, max_length)
     batch = ops.shape(source_ids)[0]
 
-    def step(index, tokens, log_prob, length, done, cache):
-        logits, cache = model.decode_step(ops.take(tokens, index, axis=1), index, cache, source_mask)
+    def step(state):
+        index, done = state.index, state.done
+        logits, cache = model.decode_step(ops.take(state.tokens, index, axis=1), index, state.cache, source_mask)
         log_probs = _log_softmax_without_padding(logits)
         token = ops.where(done, PAD_ID, ops.cast(ops.argmax(log_probs, axis=-1), "int32"))
-        log_prob += ops.where(done, 0.0, ops.max(log_probs, axis=-1))
-        tokens = _write_column(tokens, index + 1, token)
-        length = ops.where(done, length, index + 1)
-        done = done | (token == eos_id) | (index + 1 >= length_limit)
-        return index + 1, tokens, log_prob, length, done, cache
+        return GreedyState(
+            index=index + 1,
+            tokens=_write_column(state.tokens, index + 1, token),
+            log_prob=state.log_prob + ops.where(done, 0.0, ops.max(log_probs, axis=-1)),
+            length=ops.where(done, state.length, index + 1),
+            done=done | (token == eos_id) | (index + 1 >= length_limit),
+            cache=cache,
+        )
 
-    tokens = ops.concatenate([ops.full((batch, 1), bos_id, "int32"), ops.zeros((batch, steps), "int32")], axis=1)
-    state = (
-        ops.convert_to_tensor(0, "int32"),
-        tokens,
-        ops.zeros((batch,), "float32"),
-        ops.zeros((batch,), "int32"),
-        ops.zeros((batch,), "bool"),
-        model.init_cache(encoder_output, steps),
+    state = GreedyState(
+        index=ops.convert_to_tensor(0, "int32"),
+        tokens=ops.concatenate([ops.full((batch, 1), bos_id, "int32"), ops.zeros((batch, steps), "int32")], axis=1),
+        log_prob=ops.zeros((batch,), "float32"),
+        length=ops.zeros((batch,), "int32"),
+        done=ops.zeros((batch,), "bool"),
+        cache=model.init_cache(encoder_output, 1, steps if static_shapes else None),
     )
-    _, tokens, log_prob, length, _, _ = ops.while_loop(
-        lambda index, *rest: (index < steps) & ~ops.all(rest[3]), step, state, maximum_iterations=steps
-    )
-    return SearchResult(_strip(tokens[:, 1:], eos_id), log_prob / length_penalty(length, alpha))
+    state = _while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps, static_shapes)
+    return SearchResult(_strip(state.tokens[:, 1:], eos_id), state.log_prob / length_penalty(state.length, alpha))
 
 
 def beam_search(
     model,
     source_ids,
     *,
-    beam_size=4,
-    alpha=0.6,
-    max_extra_length=50,
+    beam_size=DecodingSettings.beam_size,
+    alpha=DecodingSettings.alpha,
+    max_extra_length=DecodingSettings.max_extra_length,
     max_length=None,
+    static_shapes=None,
     return_all=False,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
@@ -111,6 +194,7 @@ def beam_search(
         max_extra_length: each output has at most its source's length + this many tokens.
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
+        static_shapes: the static cache (module docstring); default: under JAX only.
         return_all: return all `beam_size` finished hypotheses per sentence, best first.
         bos_id, eos_id: the begin- and end-of-sentence ids.
 
@@ -119,63 +203,90 @@ def beam_search(
         `return_all` tokens `[batch, beam_size, max_length]` and scores `[batch, beam_size]`.
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
+    static_shapes = _static_shapes(static_shapes)
     k = beam_size
     batch = ops.shape(source_ids)[0]
     length_limit, steps = _length_limits(model, source_ids, max_extra_length, max_length)
     best_possible_penalty = length_penalty(length_limit, alpha)[:, None]  # [batch, 1]
     # Row b * k + i of a flattened [batch * k, ...] tensor is hypothesis i of sentence b.
     first_row = ops.expand_dims(ops.arange(batch, dtype="int32") * k, 1)  # [batch, 1]
-
-    # Each sentence's k hypotheses share its encoder output: repeat it to [batch * k, ...].
     encoder_output, source_mask = model.encode(source_ids, training=False)
-    encoder_output = ops.repeat(encoder_output, k, axis=0)
-    source_mask = ops.repeat(source_mask, k, axis=0)
-    cache = model.init_cache(encoder_output, steps)
 
-    def step(index, alive, alive_log_prob, finished, finished_score, done, cache):
-        logits, cache = model.decode_step(ops.reshape(ops.take(alive, index, axis=2), (-1,)), index, cache, source_mask)
+    def step(state):
+        index = state.index
+        token_ids = ops.reshape(ops.take(state.alive, index, axis=2), (-1,))
+        logits, cache = model.decode_step(token_ids, index, state.cache, source_mask)
         vocab = ops.shape(logits)[-1]
         log_probs = ops.reshape(_log_softmax_without_padding(logits), (batch, k, vocab))
-        candidates = ops.reshape(alive_log_prob[:, :, None] + log_probs, (batch, k * vocab))
+        candidates = ops.reshape(state.alive_log_prob[:, :, None] + log_probs, (batch, k * vocab))
         top_log_prob, top_index = ops.top_k(candidates, k)  # [batch, k]
         parent, token = top_index // vocab, top_index % vocab
         parent_rows = ops.reshape(parent + first_row, (-1,))
 
-        sequences = _write_column(_take_rows(alive, parent_rows, k), index + 1, token)
+        sequences = _write_column(_take_rows(state.alive, parent_rows, k), index + 1, token)
         length = index + 1
         ending = (token == eos_id) | (length >= length_limit)[:, None]
         real = top_log_prob > NEG_INF / 2
         new_score = ops.where(ending & real, top_log_prob / length_penalty(length, alpha), NEG_INF)
         finished, finished_score = _top_k_of(
-            ops.concatenate([finished, sequences], axis=1), ops.concatenate([finished_score, new_score], axis=1), k
+            ops.concatenate([state.finished, sequences], axis=1),
+            ops.concatenate([state.finished_score, new_score], axis=1),
+            k,
         )
 
         alive_log_prob = ops.where(ending, NEG_INF, top_log_prob)
         best_alive = ops.max(alive_log_prob, axis=1, keepdims=True)
         cannot_improve = best_alive / best_possible_penalty <= finished_score[:, -1:]
-        done = done | ops.squeeze(cannot_improve | (best_alive <= NEG_INF / 2), axis=1)
-        alive_log_prob = ops.where(done[:, None], NEG_INF, alive_log_prob)  # a done sentence stays as it is
-        return index + 1, sequences, alive_log_prob, finished, finished_score, done, model.reorder_cache(cache, parent_rows)
+        done = state.done | ops.squeeze(cannot_improve | (best_alive <= NEG_INF / 2), axis=1)
+        return BeamState(
+            index=index + 1,
+            alive=sequences,
+            alive_log_prob=ops.where(done[:, None], NEG_INF, alive_log_prob),  # a done sentence stays as it is
+            finished=finished,
+            finished_score=finished_score,
+            done=done,
+            cache=model.reorder_cache(cache, parent_rows),
+        )
 
     start = ops.concatenate([ops.full((batch, k, 1), bos_id, "int32"), ops.zeros((batch, k, steps), "int32")], axis=2)
-    # Only the first beam is live at the start, so the first step picks k different tokens.
-    first_alive = ops.where(ops.arange(k) == 0, 0.0, NEG_INF) + ops.zeros((batch, 1), "float32")
-    state = (
-        ops.convert_to_tensor(0, "int32"),
-        start,
-        first_alive,
-        ops.zeros_like(start),
-        ops.full((batch, k), NEG_INF, "float32"),
-        ops.zeros((batch,), "bool"),
-        cache,
+    state = BeamState(
+        index=ops.convert_to_tensor(0, "int32"),
+        alive=start,
+        # Only the first hypothesis is alive at the start, so the first step picks k different tokens.
+        alive_log_prob=ops.where(ops.arange(k) == 0, 0.0, NEG_INF) + ops.zeros((batch, 1), "float32"),
+        finished=ops.zeros_like(start),
+        finished_score=ops.full((batch, k), NEG_INF, "float32"),
+        done=ops.zeros((batch,), "bool"),
+        cache=model.init_cache(encoder_output, k, steps if static_shapes else None),
     )
-    _, _, _, finished, finished_score, _, _ = ops.while_loop(
-        lambda index, *rest: (index < steps) & ~ops.all(rest[4]), step, state, maximum_iterations=steps
-    )
-    tokens = _strip(finished[:, :, 1:], eos_id)
+    state = _while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps, static_shapes)
+    tokens = _strip(state.finished[:, :, 1:], eos_id)
     if return_all:
-        return SearchResult(tokens, finished_score)
-    return SearchResult(tokens[:, 0], finished_score[:, 0])
+        return SearchResult(tokens, state.finished_score)
+    return SearchResult(tokens[:, 0], state.finished_score[:, 0])
+
+
+def _static_shapes(static_shapes):
+    return keras.config.backend() != "tensorflow" if static_shapes is None else static_shapes
+
+
+def _while_loop(condition, step, state, steps, static_shapes):
+    """`state = step(state)` while `condition(state)`, for at most `steps` steps, over a named
+    state. Without `static_shapes` the cache grows, which TensorFlow allows when told so (shape
+    invariants)."""
+    kind = type(state)
+    loop = dict(maximum_iterations=steps)
+    if not static_shapes and keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        shapes = kind(*(tf.nest.map_structure(lambda t: t.shape, field) for field in state))
+        growing = tf.nest.map_structure(lambda t: tf.TensorShape([None] * t.shape.rank), state.cache)
+        loop["shape_invariants"] = tuple(shapes._replace(cache=growing))
+        while_loop = tf.while_loop
+    else:
+        while_loop = ops.while_loop
+    final = while_loop(lambda *fields: condition(kind(*fields)), lambda *fields: tuple(step(kind(*fields))), tuple(state), **loop)
+    return kind(*final)
 
 
 def _length_limits(model, source_ids, max_extra_length, max_length):
@@ -194,8 +305,8 @@ def _length_limits(model, source_ids, max_extra_length, max_length):
 
 
 def _log_softmax_without_padding(logits):
-    log_probs = ops.log_softmax(logits, axis=-1)
-    return ops.where(ops.arange(ops.shape(logits)[-1]) == PAD_ID, NEG_INF, log_probs)
+    """Log-probabilities over every token but padding, which is never generated."""
+    return ops.log_softmax(ops.where(ops.arange(ops.shape(logits)[-1]) == PAD_ID, NEG_INF, logits), axis=-1)
 
 
 def _write_column(sequences, column, values):

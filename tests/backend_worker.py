@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import TransformerConfig
-from keras_transformer.search import beam_search, greedy_search
+from keras_transformer.search import DecodingSettings
 from training import backends, evaluate
 from training.run_folder import RunFolder
 from training.schedule import TransformerSchedule, paper_optimizer
@@ -51,13 +51,11 @@ def translate(run_dir, sources_json):
     model, _ = run.load_model()
     tokenizer = run.load_tokenizer()
     sources = json.loads(sources_json)
-    ids = [row + [3] for row in tokenizer.tokenize(tf.constant(sources)).to_list()]
-    batch = np.zeros((len(ids), max(map(len, ids))), np.int32)
-    for row, sentence in enumerate(ids):
-        batch[row, : len(sentence)] = sentence
+    batch = tokenizer.encode_source(tf.constant(sources)).to_tensor().numpy()
     result = {}
-    for name, search in (("greedy", greedy_search), ("beam", beam_search)):
-        tokens, scores = evaluate.compile_search(model, lambda source: search(model, source, max_extra_length=10))(batch)
+    for name, beam_size in (("greedy", 1), ("beam", 4)):
+        settings = DecodingSettings(beam_size=beam_size, max_extra_length=10)
+        tokens, scores = evaluate.compile_search(model, settings)(batch)
         texts = tokenizer.detokenize(keras.ops.convert_to_numpy(tokens)).numpy()
         result[name] = [[t.decode() for t in texts], keras.ops.convert_to_numpy(scores).tolist()]
     print(json.dumps(result))

@@ -45,10 +45,11 @@ def test_precomputed_key_value_equals_keras_attention(rng):
     ours, reference, query, value = _pair(rng)
     key, projected_value = ours.compute_key_value(value)
     weights = {w.name: np.asarray(w) for w in ours.weights}
-    np.testing.assert_allclose(key, np.einsum("bsd,dnh->bsnh", value, weights["key_kernel"]) + weights["key_bias"], atol=1e-5)
-    np.testing.assert_allclose(
-        projected_value, np.einsum("bsd,dnh->bsnh", value, weights["value_kernel"]) + weights["value_bias"], atol=1e-5
-    )
+    # Heads before positions: [batch, heads, len, key_dim].
+    expected_key = np.einsum("bsd,dnh->bnsh", value, weights["key_kernel"]) + weights["key_bias"][:, None]
+    expected_value = np.einsum("bsd,dnh->bnsh", value, weights["value_kernel"]) + weights["value_bias"][:, None]
+    np.testing.assert_allclose(key, expected_key, atol=1e-5)
+    np.testing.assert_allclose(projected_value, expected_value, atol=1e-5)
     np.testing.assert_allclose(ours(query, key_value=(key, projected_value)), reference(query, value), atol=1e-5)
 
 

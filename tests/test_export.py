@@ -12,7 +12,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 
-from export.__main__ import export
+from export.saved_model import export
+from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
 from training.run_folder import RunFolder
 
@@ -37,13 +38,13 @@ def run_dir(cli_run):
 @pytest.fixture(scope="module")
 def exported(run_dir, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("exports"))
-    return {beam: export(run_dir, base, beam_size=beam, version=beam) for beam in (1, 4)}
+    return {beam: export(run_dir, base, DecodingSettings(beam_size=beam), version=beam) for beam in (1, 4)}
 
 
 def _project_translations(run_dir, beam_size, sentences):
     run = RunFolder(run_dir)
     model, _ = run.load_model()
-    translate = make_translator(model, run.load_tokenizer(), beam_size=beam_size, jit_compile=False)
+    translate = make_translator(model, run.load_tokenizer(), DecodingSettings(beam_size=beam_size), jit_compile=False)
     return translate(sentences)
 
 
@@ -104,16 +105,36 @@ def test_saved_model_cli_shows_the_signature_and_runs_it(exported):
     assert f"Result for output key translation:\n[{translation!r}]" in ran
 
 
-def _predict(signature, inputs):
-    """What TF Serving does with a request: match inputs to the signature by name, dtype, shape."""
-    specs = signature.structured_input_signature[1]
-    assert set(inputs) == set(specs)
-    tensors = {}
-    for name, value in inputs.items():
-        tensor = tf.convert_to_tensor(value, specs[name].dtype)
-        assert specs[name].shape.is_compatible_with(tensor.shape)
-        tensors[name] = tensor
-    return {name: value.numpy().tolist() for name, value in signature(**tensors).items()}
+def _rest_predict(signature, body):
+    """TF Serving's REST predict API over `signature`: a JSON request body (`instances`, the row
+    format, or `inputs`, the column format) in, the JSON response body out (`predictions` rows,
+    or `outputs` columns), as the server maps them onto the signature's named tensors."""
+    request = json.loads(body)
+    (name, spec), = signature.structured_input_signature[1].items()
+    if "instances" in request:  # one input: each instance is one value of it (or {name: value})
+        values = [row[name] if isinstance(row, dict) else row for row in request["instances"]]
+    else:
+        values = request["inputs"][name] if isinstance(request["inputs"], dict) else request["inputs"]
+    outputs = {key: value.numpy().tolist() for key, value in signature(**{name: tf.constant(values, spec.dtype)}).items()}
+    for key, value in outputs.items():
+        outputs[key] = [v.decode() if isinstance(v, bytes) else v for v in value]
+    if "instances" in request:
+        return json.dumps({"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]})
+    return json.dumps({"outputs": outputs})
+
+
+def _grpc_predict(signature, serialized_request):
+    """TF Serving's gRPC Predict over `signature`: a serialized PredictRequest in, a serialized
+    PredictResponse out."""
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest.FromString(serialized_request)
+    assert request.model_spec.signature_name == "serving_default"
+    inputs = {name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()}
+    response = predict_pb2.PredictResponse()
+    for name, value in signature(**inputs).items():
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(value))
+    return response.SerializeToString()
 
 
 def test_tf_serving_rest_and_grpc_requests_map_onto_the_signature(exported):
@@ -121,20 +142,52 @@ def test_tf_serving_rest_and_grpc_requests_map_onto_the_signature(exported):
 
     loaded = tf.saved_model.load(exported[4])  # keep it: the signature needs its variables
     signature = loaded.signatures["serving_default"]
-    # REST, row format: each instance is one value of the only input.
-    rows = json.loads(json.dumps({"instances": SENTENCES}))
-    by_rows = _predict(signature, {"text": rows["instances"]})
-    # REST, column format: named inputs.
-    columns = json.loads(json.dumps({"inputs": {"text": SENTENCES}}))
-    by_columns = _predict(signature, columns["inputs"])
-    # gRPC: a PredictRequest with a string TensorProto.
+    expected = loaded.translate(tf.constant(SENTENCES))
+    translations = [t.decode() for t in expected["translation"].numpy()]
+    scores = expected["score"].numpy().tolist()
+
+    rows = json.loads(_rest_predict(signature, json.dumps({"instances": SENTENCES})))
+    assert rows == {"predictions": [{"translation": t, "score": s} for t, s in zip(translations, scores)]}
+    named_rows = json.loads(_rest_predict(signature, json.dumps({"instances": [{"text": s} for s in SENTENCES]})))
+    assert named_rows == rows
+    columns = json.loads(_rest_predict(signature, json.dumps({"inputs": {"text": SENTENCES}})))
+    assert columns == {"outputs": {"translation": translations, "score": scores}}
+
     request = predict_pb2.PredictRequest()
     request.model_spec.name, request.model_spec.signature_name = "translator", "serving_default"
     request.inputs["text"].CopyFrom(tf.make_tensor_proto(SENTENCES, dtype=tf.string))
-    request = predict_pb2.PredictRequest.FromString(request.SerializeToString())
-    by_grpc = _predict(signature, {name: tf.make_ndarray(proto) for name, proto in request.inputs.items()})
-    assert by_rows == by_columns == by_grpc
-    assert len(by_rows["translation"]) == len(by_rows["score"]) == 3
+    response = predict_pb2.PredictResponse.FromString(_grpc_predict(signature, request.SerializeToString()))
+    assert [t.decode() for t in tf.make_ndarray(response.outputs["translation"])] == translations
+    np.testing.assert_allclose(tf.make_ndarray(response.outputs["score"]), scores)
+
+
+def test_the_warmup_requests_are_prediction_logs_the_signature_accepts(exported):
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = os.path.join(exported[4], "assets.extra", "tf_serving_warmup_requests")
+    loaded = tf.saved_model.load(exported[4])
+    batch_sizes = []
+    for record in tf.data.TFRecordDataset(path):
+        log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        request = log.predict_log.request
+        assert request.model_spec.signature_name == "serving_default" and list(request.inputs) == ["text"]
+        text = tf.make_ndarray(request.inputs["text"])
+        result = loaded.signatures["serving_default"](text=tf.constant(text))
+        assert result["translation"].shape == (len(text),) and all(len(t) > 0 for t in text)
+        batch_sizes.append(len(text))
+    assert batch_sizes == [1, 32]
+
+
+def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming_text(exported):
+    loaded = tf.saved_model.load(exported[1])
+    signature = loaded.signatures["serving_default"]
+    # TF Serving's C++ runtime feeds any shape it is sent; _call_flat does too (Python callers
+    # are checked against the signature before the graph runs).
+    for bad in (tf.constant([["a", "b"]]), tf.constant([["a"]]), tf.constant("a")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"Shape of tensor text .* not compatible with expected shape \[\?\]"):
+            signature._call_flat([bad], signature.captured_inputs)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="expected to be a string tensor"):
+        signature._call_flat([tf.constant([1.0])], signature.captured_inputs)
 
 
 def test_every_op_is_registered_by_tensorflow_or_tf_text_and_none_is_xla(exported):
@@ -152,16 +205,83 @@ def test_every_op_is_registered_by_tensorflow_or_tf_text_and_none_is_xla(exporte
     assert "SentencepieceOp" in ops and not {op for op in ops if op.startswith("Xla")}
 
 
-def test_bad_inputs_each_get_a_result(exported):
+def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
     loaded = tf.saved_model.load(exported[4])
+    translate = lambda texts: loaded.translate(tf.constant(texts))  # noqa: E731
     texts = [t.encode("latin-1") if "\xff" in t else t.encode() for t in BAD_INPUTS]
-    result = loaded.translate(tf.constant(texts))
+    result = translate(texts)
     assert result["translation"].shape == result["score"].shape == (len(BAD_INPUTS),)
     assert np.all(np.isfinite(result["score"].numpy()))
-    empty = loaded.translate(tf.constant([], tf.string))
-    assert empty["translation"].shape == (0,)
-    mixed = [SENTENCES[i % 3] * (1 + i % 7) for i in range(256)]
-    assert loaded.translate(tf.constant(mixed))["translation"].shape == (256,)
+    assert translate(tf.constant([], tf.string))["translation"].shape == (0,)
+
+    # Bytes that are not UTF-8 are read as U+FFFD.
+    replaced = translate(["bytes \ufffd\ufffd that are not UTF-8".encode()])
+    assert result["translation"][3] == replaced["translation"][0]
+
+    # A source is cut at max_length tokens (its last one the end of sentence).
+    tokenizer, max_length = RunFolder(run_dir).load_tokenizer(), RunFolder(run_dir).config().max_length
+    word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.tokenize(w)) == 1)
+    cut = translate([(word + " ") * 20000, (word + " ") * (max_length - 1)])
+    assert cut["translation"][0] == cut["translation"][1]
+    np.testing.assert_allclose(cut["score"][0], cut["score"][1], rtol=1e-6)
+    # Outputs have at most max_length + max_extra_length tokens.
+    pieces = tokenizer.tokenize(cut["translation"]).row_lengths().numpy()
+    assert np.all(pieces <= max_length + 50)
+
+
+def test_translate_command_line(exported, tmp_path):
+    base = os.path.dirname(exported[4])  # versions 1 (greedy), 4, maybe more: the base path means the highest
+    highest = max(int(name) for name in os.listdir(base) if name.isdigit())
+    loaded = tf.saved_model.load(os.path.join(base, str(highest)))
+    expected = loaded.translate(tf.constant(SENTENCES))
+    translations = [t.decode() for t in expected["translation"].numpy()]
+    command = [sys.executable, "-m", "export.translate", base]
+
+    as_a_user = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}  # conftest sets it
+    by_arguments = subprocess.run(command + SENTENCES[:2], check=True, cwd=ROOT, capture_output=True, text=True,
+                                  env=as_a_user)  # fmt: skip
+    assert by_arguments.stdout.splitlines() == translations[:2]
+    assert by_arguments.stderr == "", "TensorFlow's C++ logs leaked into a quiet command"
+
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    from_file = subprocess.run(command + ["--input-file", str(sentences), "--batch-size", "2", "--scores"],
+                               check=True, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    assert [line.split("\t", 1)[1] for line in from_file] == translations
+    np.testing.assert_allclose([float(line.split("\t")[0]) for line in from_file], expected["score"].numpy(), atol=1e-4)
+
+    from_stdin = subprocess.run(command, input="\n".join(SENTENCES), check=True, cwd=ROOT, capture_output=True, text=True)
+    assert from_stdin.stdout.splitlines() == translations
+
+    missing = subprocess.run(command[:-1] + [str(tmp_path / "nothing"), "x"], cwd=ROOT, capture_output=True, text=True)
+    assert missing.returncode == 1 and "is neither a SavedModel nor a base path with numbered versions" in missing.stderr
+
+
+def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recorded(exported, run_dir):
+    from export.saved_model import next_version
+
+    base = os.path.dirname(exported[4])
+    export_command = [sys.executable, "-m", "export", "--run-dir", run_dir, "--out", base]
+    clash = subprocess.run(export_command + ["--version", "4"], cwd=ROOT, capture_output=True, text=True)
+    assert clash.returncode == 1 and f"error: {base}/4 exists already: choose another --version." in clash.stderr
+    bad = subprocess.run(export_command + ["--beam-size", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 1 and "beam_size >= 1" in bad.stderr
+
+    assert next_version(base) == 5
+    first_step, first = RunFolder(run_dir).checkpoints()[0]
+    made = subprocess.run(export_command + ["--checkpoint", first, "--beam-size", "1", "--max-extra-length", "0"],
+                          check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert made.stdout.strip() == f"Exported to {base}/5" and next_version(base) == 6
+    with open(os.path.join(base, "5", "assets", "metadata.json")) as f:
+        metadata = json.load(f)
+    assert (metadata["checkpoint"], metadata["beam_size"], metadata["max_extra_length"]) == (first, 1, 0)
+    assert first_step < RunFolder(run_dir).checkpoints()[-1][0]
+    # With no extra length an output is at most as long as its source (with its end of sentence).
+    tokenizer = RunFolder(run_dir).load_tokenizer()
+    loaded = tf.saved_model.load(os.path.join(base, "5"))  # kept: its function needs its variables
+    result = loaded.translate(tf.constant(SENTENCES))
+    source_lengths = tokenizer.encode_source(tf.constant(SENTENCES)).row_lengths().numpy()
+    assert np.all(tokenizer.tokenize(result["translation"]).row_lengths().numpy() <= source_lengths)
 
 
 def test_tfsm_layer_inside_another_keras_model(exported):

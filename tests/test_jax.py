@@ -146,7 +146,8 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_
 def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(
     synthetic_corpus, synthetic_sentencepiece, synthetic_tokenizer, tmp_path
 ):
-    from export.__main__ import export
+    from export.saved_model import export
+    from keras_transformer.search import DecodingSettings
 
     def tokens(text):
         return len(synthetic_tokenizer.tokenize(text))
@@ -176,7 +177,7 @@ def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(
     assert under_jax["greedy"][0] == targets
     assert under_jax["beam"][0] == targets
 
-    served = tf.saved_model.load(export(run, str(tmp_path / "exports"), beam_size=4, max_extra_length=10))
+    served = tf.saved_model.load(export(run, str(tmp_path / "exports"), DecodingSettings(max_extra_length=10)))
     result = served.translate(tf.constant(sources))
     assert [t.decode() for t in result["translation"].numpy()] == targets
     np.testing.assert_allclose(result["score"].numpy(), under_jax["beam"][1], rtol=1e-4, atol=1e-6)

@@ -79,7 +79,8 @@ def _exhaustive(model, source, max_length, alpha):
     for row, hypothesis in enumerate(hypotheses):
         target_inputs[row, : len(hypothesis)] = [BOS_ID] + hypothesis[:-1]
     logits = model((np.repeat(source[None], len(hypotheses), axis=0), target_inputs))
-    log_probs = np.asarray(tf.nn.log_softmax(logits))
+    log_probs = np.asarray(tf.nn.log_softmax(logits[..., 1:]))  # over every token but padding (id 0)
+    log_probs = np.concatenate([np.full(log_probs.shape[:-1] + (1,), -np.inf), log_probs], axis=-1)
     scored = []
     for row, hypothesis in enumerate(hypotheses):
         log_prob = sum(log_probs[row, i, t] for i, t in enumerate(hypothesis))
@@ -116,11 +117,11 @@ def test_a_sentence_alone_equals_it_in_a_batch(rng):
 
 
 @pytest.mark.parametrize("search", [greedy_search, beam_search])
-def test_xla_and_plain_tf_function_agree(search, rng):
+def test_xla_with_the_static_cache_equals_the_plain_graph_with_the_growing_one(search, rng):
     model = _model(30, seed=2)
     sources = _sources(rng, [6, 3, 8], 30)
-    plain = tf.function(lambda s: search(model, s, max_extra_length=7))(sources)
-    compiled = tf.function(lambda s: search(model, s, max_extra_length=7), jit_compile=True)(sources)
+    plain = tf.function(lambda s: search(model, s, max_extra_length=7))(sources)  # the growing cache
+    compiled = tf.function(lambda s: search(model, s, max_extra_length=7, static_shapes=True), jit_compile=True)(sources)
     np.testing.assert_array_equal(compiled.tokens, plain.tokens)
     np.testing.assert_allclose(compiled.scores, plain.scores, rtol=1e-5)
 
@@ -154,3 +155,22 @@ def test_n_best_is_sorted_and_distinct(rng):
     assert scores.shape == (2, 4) and np.all(np.diff(scores, axis=1) <= 0)
     for row in range(2):
         assert len({tuple(t) for t in np.asarray(result.tokens[row])}) == 4
+
+
+def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_size(rng):
+    from keras_transformer.search import DecodingSettings, decode
+
+    assert DecodingSettings() == DecodingSettings(beam_size=4, alpha=0.6, max_extra_length=50)
+    model = _model(30, seed=6)
+    sources = _sources(rng, [5, 2], 30)
+    for settings, expected in (
+        (DecodingSettings(beam_size=1, max_extra_length=4), greedy_search(model, sources, max_extra_length=4)),
+        (DecodingSettings(beam_size=3, alpha=1.0, max_extra_length=4),
+         beam_search(model, sources, beam_size=3, alpha=1.0, max_extra_length=4)),
+    ):  # fmt: skip
+        result = decode(model, sources, settings)
+        np.testing.assert_array_equal(result.tokens, expected.tokens)
+        np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-6)
+    for bad in (dict(beam_size=0), dict(max_extra_length=-1), dict(alpha=-0.5)):
+        with pytest.raises(ValueError, match="beam_size >= 1"):
+            DecodingSettings(**bad)

@@ -9,7 +9,9 @@ use the average while it is newer than every training checkpoint.
 import argparse
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 from keras_transformer import Transformer  # noqa: E402
 from training.run_folder import RunFolder, load_weights  # noqa: E402

@@ -155,8 +155,7 @@ def tokenized_training_pairs(corpus, tokenizer, cache_path=None):
     """
 
     def encode(source, target):
-        source_ids = tf.concat([tokenizer.tokenize(source), [EOS_ID]], axis=0)
-        return source_ids, tokenizer.tokenize(target)
+        return tokenizer.encode_source(source), tokenizer.tokenize(target)  # too long a pair is dropped below
 
     pairs = corpus.dataset("train").map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if cache_path is None:

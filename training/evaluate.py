@@ -10,35 +10,35 @@ import os
 import sys
 import time
 
-import keras
-import numpy as np
-import sacrebleu
-import tensorflow as tf
+from training.quiet import quiet_tensorflow
 
-from keras_transformer import EOS_ID, PAD_ID
-from keras_transformer.search import beam_search
-from training import run_folder
-from training.data import bucket_lengths
+quiet_tensorflow()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import sacrebleu  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from keras_transformer import PAD_ID  # noqa: E402
+from keras_transformer.search import DecodingSettings, decode  # noqa: E402
+from training import run_folder  # noqa: E402
+from training.data import bucket_lengths  # noqa: E402
 
 
-def make_translator(model, tokenizer, *, beam_size=4, alpha=0.6, max_extra_length=50, batch_size=64, jit_compile=True):
-    """Returns `translate(sentences) -> (translations, scores)` over Python strings.
+def make_translator(model, tokenizer, settings=DecodingSettings(), *, batch_size=64, jit_compile=True):
+    """Returns `translate(sentences) -> (translations, scores)` over Python strings, decoding
+    with `settings` (a `DecodingSettings`).
 
     Sentences are sorted by length, batched, and padded to the data pipeline's bucket lengths,
     so the compiled search sees a few shapes. Sources longer than the model's `max_length`
-    tokens are cut there.
+    tokens are cut there, as the exported model cuts them.
     """
     max_length = model.config.max_length
     lengths = bucket_lengths(max_length)
-    search = compile_search(
-        model,
-        lambda source: beam_search(model, source, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length),
-        jit_compile=jit_compile,
-    )
+    search = compile_search(model, settings, jit_compile=jit_compile)
 
     def translate(sentences):
-        tokenized = tokenizer.tokenize(tf.constant(sentences, tf.string)).to_list() if sentences else []
-        ids = [row[: max_length - 1] + [EOS_ID] for row in tokenized]
+        ids = tokenizer.encode_source(tf.constant(sentences, tf.string), max_length).to_list() if sentences else []
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         translations, scores = [None] * len(ids), [0.0] * len(ids)
         for start in range(0, len(order), batch_size):
@@ -57,12 +57,14 @@ def make_translator(model, tokenizer, *, beam_size=4, alpha=0.6, max_extra_lengt
     return translate
 
 
-def compile_search(model, search, jit_compile=True):
-    """`search(source_ids)`, a function of `model` in keras.ops, compiled for Keras' backend:
-    `tf.function` (with XLA unless `jit_compile=False`), or `jax.jit` with the model's weights as
-    arguments rather than constants baked into the program."""
+def compile_search(model, settings=DecodingSettings(), jit_compile=True):
+    """`search(source_ids) -> SearchResult`, `decode` of `model` with `settings`, compiled for
+    Keras' backend: `tf.function` (with XLA and the static cache unless `jit_compile=False`), or
+    `jax.jit` with the model's weights as arguments rather than constants baked into the
+    program."""
     if keras.config.backend() != "jax":
-        return tf.function(search, jit_compile=jit_compile)
+        return tf.function(lambda source_ids: decode(model, source_ids, settings, static_shapes=jit_compile),
+                           jit_compile=jit_compile)  # fmt: skip
     import jax
 
     variables = model.variables
@@ -70,7 +72,7 @@ def compile_search(model, search, jit_compile=True):
     @jax.jit
     def stateless_search(values, source_ids):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-            return search(source_ids)
+            return decode(model, source_ids, settings)
 
     return lambda source_ids: stateless_search([v.value for v in variables], source_ids)
 
@@ -89,21 +91,21 @@ def score(translations, references):
     }
 
 
-def evaluate(model, tokenizer, corpus, split, *, beam_size=4, alpha=0.6, limit=None, output_path=None, jit_compile=True):
-    """Translates `split` of `corpus` and scores it; returns the metrics dict."""
+def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, limit=None, output_path=None, jit_compile=True):
+    """Translates `split` of `corpus` with `settings` and scores it; returns the metrics dict."""
     pairs = corpus.text_pairs(split, limit)
     if not pairs:
         raise ValueError(f"The {split} split of {corpus.name} is empty: nothing to evaluate.")
     sources, references = zip(*pairs)
     start = time.perf_counter()
-    translate = make_translator(model, tokenizer, beam_size=beam_size, alpha=alpha, jit_compile=jit_compile)
+    translate = make_translator(model, tokenizer, settings, jit_compile=jit_compile)
     translations, _ = translate(list(sources))
     metrics = {
         **score(translations, list(references)),
         "split": split,
         "sentences": len(pairs),
-        "beam_size": beam_size,
-        "alpha": alpha,
+        "beam_size": settings.beam_size,
+        "alpha": settings.alpha,
         "decode_seconds": round(time.perf_counter() - start, 1),
     }
     if output_path:
@@ -112,13 +114,18 @@ def evaluate(model, tokenizer, corpus, split, *, beam_size=4, alpha=0.6, limit=N
     return metrics
 
 
+def add_decoding_flags(parser):
+    """--beam-size and --alpha, with `DecodingSettings`' defaults (the paper's)."""
+    parser.add_argument("--beam-size", type=int, default=DecodingSettings.beam_size, help="1 for greedy search")
+    parser.add_argument("--alpha", type=float, default=DecodingSettings.alpha, help="length penalty exponent")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--split", default="test", choices=["dev", "test"])
     parser.add_argument("--checkpoint", help="a checkpoint path (default: the averaged one if there is one, else the latest)")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6)
+    add_decoding_flags(parser)
     parser.add_argument("--limit", type=int, help="evaluate only the first N sentences")
     args = parser.parse_args(argv)
 
@@ -131,8 +138,7 @@ def main(argv=None):
             run.load_tokenizer(),
             corpus,
             args.split,
-            beam_size=args.beam_size,
-            alpha=args.alpha,
+            DecodingSettings(args.beam_size, args.alpha),
             limit=args.limit,
             output_path=os.path.join(args.run_dir, f"translations.{args.split}.txt"),
         )

@@ -72,6 +72,20 @@ class Tokenizer(tf.Module):
         """String tensor `[batch]` (or a scalar) -> ragged int32 ids `[batch, None]` (or `[None]`)."""
         return self.sentencepiece.tokenize(text)
 
+    def encode_source(self, text, max_length=None):
+        """Source text -> the ids the model reads: the pieces, cut to leave room for the
+        end-of-sentence id within `max_length` tokens (no cut if None), then that id.
+
+        A string tensor `[batch]` gives ragged int32 `[batch, None]` (`.to_tensor()` pads with 0);
+        a scalar gives `[None]`. Training, evaluation and the exported model all encode so.
+        """
+        ids = self.tokenize(text)
+        if max_length is not None:
+            ids = ids[..., : max_length - 1]
+        if isinstance(ids, tf.RaggedTensor):
+            return tf.concat([ids, tf.fill([ids.nrows(), 1], EOS_ID)], axis=1)
+        return tf.concat([ids, [EOS_ID]], axis=0)
+
     def detokenize(self, ids):
         """Int ids `[batch, length]` padded with 0 (or ragged) -> strings `[batch]`."""
         if not isinstance(ids, tf.RaggedTensor):

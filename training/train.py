@@ -20,13 +20,16 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.config import PRESETS  # noqa: E402
+from keras_transformer.search import DecodingSettings  # noqa: E402
 from training import backends, data, evaluate  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
@@ -58,8 +61,7 @@ def parse_args(argv=None):
     add("--keep-checkpoints", type=int, default=5, help="checkpoints kept (the paper averages the last 5)")
     add("--eval-every", type=int, default=0, help="steps between dev BLEU evaluations (0: at the end only)")
     add("--eval-sentences", type=int, default=500, help="dev sentences for BLEU during training")
-    add("--beam-size", type=int, default=4)
-    add("--alpha", type=float, default=0.6)
+    evaluate.add_decoding_flags(parser)
     add("--backend", choices=backends.BACKENDS, help="Keras' backend (default: KERAS_BACKEND, else tensorflow)")
     add("--strategy", default="auto", help="auto, tpu, mirrored, multiworker or cpu (JAX: auto, tpu or cpu)")
     add("--mixed-precision", action="store_true", help="bfloat16 (TensorFlow on GPU: float16 with loss scaling)")
@@ -102,6 +104,7 @@ def train(args, strategy=None):
     if args.backend != backends.current():
         raise ValueError(f"--backend {args.backend}, but Keras runs on {backends.current()}: set KERAS_BACKEND="
                          f"{args.backend} before Keras is imported (the command line does it for you).")  # fmt: skip
+    decoding = DecodingSettings(args.beam_size, args.alpha)  # for the evaluations; checked before training
     backend = backends.create(args.strategy, strategy, mixed_precision=args.mixed_precision)
     if args.max_minutes is not None and getattr(backend, "several_workers", False):
         # Each worker has its own clock: one could stop a step before the others, which would wait forever.
@@ -160,7 +163,7 @@ def train(args, strategy=None):
             print(f"\nSaved checkpoint {saved} at step {step}.", flush=True)
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             backend.sync_model()
-            _evaluate_dev(backend.model, tokenizer, corpus, args, dev_writer, step)
+            _evaluate_dev(backend.model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step)
     if step < args.steps:
         print(f"Stopped at step {step} of {args.steps}: --max-minutes {args.max_minutes} reached.", flush=True)
     if dropped:
@@ -174,11 +177,9 @@ def train(args, strategy=None):
     metrics = {"steps": step, "train_seconds": round(train_seconds, 1), "dropped_pairs": dropped, "backend": backend.name}
     if not args.no_evaluate:
         if corpus.text_pairs("dev", 1):
-            metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, args, dev_writer, step)
-        metrics.update(evaluate.evaluate(
-            model, tokenizer, corpus, "test", beam_size=args.beam_size, alpha=args.alpha,
-            output_path=os.path.join(run.path, "translations.test.txt"),
-        ))  # fmt: skip
+            metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step)
+        output_path = os.path.join(run.path, "translations.test.txt")
+        metrics.update(evaluate.evaluate(model, tokenizer, corpus, "test", decoding, output_path=output_path))
         metrics["checkpoint"] = run.checkpoints()[-1][1]
         print(f"Test BLEU {metrics['bleu']} (chrF {metrics['chrf']}) on {metrics['sentences']} sentences; "
               f"{metrics['signature']}", flush=True)  # fmt: skip
@@ -186,9 +187,8 @@ def train(args, strategy=None):
     return model, metrics
 
 
-def _evaluate_dev(model, tokenizer, corpus, args, writer, step):
-    metrics = evaluate.evaluate(model, tokenizer, corpus, "dev", beam_size=args.beam_size, alpha=args.alpha,
-                                limit=args.eval_sentences)  # fmt: skip
+def _evaluate_dev(model, tokenizer, corpus, decoding, sentences, writer, step):
+    metrics = evaluate.evaluate(model, tokenizer, corpus, "dev", decoding, limit=sentences)
     with writer.as_default(step=step):
         tf.summary.scalar("bleu", metrics["bleu"])
         tf.summary.scalar("chrf", metrics["chrf"])

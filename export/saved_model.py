@@ -1,0 +1,107 @@
+"""Writes a run's model as a SavedModel for serving: `export(run_dir, base)`, or from the command
+line `python -m export --run-dir DIR --out BASE` (export/__main__.py).
+
+The layout TF Serving watches: one numbered folder per version under a base path. The export is
+written to a hidden folder beside it and renamed into place, so a server never sees half a model
+and an interrupted export leaves no version behind. Decoding settings are fixed at export.
+
+The SavedModel's assets hold the SentencePiece model, the model config and `metadata.json`
+(languages, vocabulary, decoding settings, source checkpoint, BLEU if the run has it), and
+`assets.extra/tf_serving_warmup_requests` the requests TF Serving warms a new version up with.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from export.serving import Translator
+from keras_transformer.search import DecodingSettings
+from training.run_folder import RunFolder
+
+
+# TF Serving replays the requests of this file when it loads a version, before it serves it, so
+# that the first user request does not pay the graph's set-up.
+WARMUP_FILE = "tf_serving_warmup_requests"
+WARMUP_BATCH_SIZES = (1, 32)
+
+
+def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
+    """Writes `path`: one `PredictionLog` record per batch size of `WARMUP_BATCH_SIZES`, each a
+    `serving_default` request of made-up sentences (random pieces of the vocabulary, of lengths
+    up to the model's `max_source_length`)."""
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    rng = np.random.default_rng(seed)
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.TFRecordWriter(path) as writer:
+        for batch in WARMUP_BATCH_SIZES:
+            lengths = rng.integers(1, max_source_length, size=batch)
+            ids = tf.ragged.constant([rng.integers(4, tokenizer.vocab_size, size=n).tolist() for n in lengths])
+            request = predict_pb2.PredictRequest()
+            request.model_spec.signature_name = "serving_default"
+            request.inputs["text"].CopyFrom(tf.make_tensor_proto(tokenizer.detokenize(ids).numpy(), dtype=tf.string))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+
+
+def next_version(base):
+    """One more than the highest numbered version under `base` (1 for a new base path)."""
+    versions = [int(name) for name in os.listdir(base) if re.fullmatch(r"\d+", name)] if os.path.isdir(base) else []
+    return max(versions, default=0) + 1
+
+
+def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoint=None):
+    """Exports the run's model (averaged checkpoint if it is the newest, else the latest, unless
+    `checkpoint` names one) with `settings` to `base/<version>/`; returns that folder."""
+    if keras.config.backend() != "tensorflow":
+        raise ValueError(
+            f"The export builds a TensorFlow graph, but Keras runs on {keras.config.backend()}: run "
+            "`python -m export` (it uses the TensorFlow backend), or set KERAS_BACKEND=tensorflow."
+        )
+    run = RunFolder(run_dir)
+    model, checkpoint = run.load_model(checkpoint)
+    tokenizer = run.load_tokenizer()
+    run_settings, metrics = run.settings(), {}
+    if os.path.exists(run.metrics_path):
+        with open(run.metrics_path) as f:
+            metrics = json.load(f)
+
+    version = version or next_version(base)
+    target = os.path.join(base, str(version))
+    if os.path.exists(target):
+        raise ValueError(f"{target} exists already: choose another --version.")
+    os.makedirs(base, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".export-{version}-", dir=base)  # hidden: TF Serving skips it
+    try:
+        metadata = {
+            "source_lang": run_settings["source_lang"],
+            "target_lang": run_settings["target_lang"],
+            "dataset": run_settings["dataset"],
+            "vocab_size": model.config.vocab_size,
+            **dataclasses.asdict(settings),
+            "max_source_length": model.config.max_length,
+            "checkpoint": checkpoint,
+            **{key: metrics[key] for key in ("bleu", "chrf", "signature", "steps") if key in metrics},
+        }
+        assets = os.path.join(staging, "_assets")
+        os.makedirs(assets)
+        with open(os.path.join(assets, "metadata.json"), "w") as f:
+            json.dump(metadata, f, indent=2, sort_keys=True)
+        shutil.copy(run.config_path, os.path.join(assets, "config.json"))
+        shutil.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
+        asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
+        translator = Translator(model, tokenizer, settings, assets=asset_paths)
+        saved = os.path.join(staging, "model")
+        tf.saved_model.save(translator, saved, signatures={"serving_default": translator.translate})
+        write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length)
+        os.rename(saved, target)  # atomic on one filesystem
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
