@@ -6,8 +6,9 @@ input `text` (tf.string, [None]); outputs `translation` (tf.string, [None]) and 
 tensorflow-text (which the stock TF Serving binary links), and no XLA.
 
 Bad input still gets one result per line: bytes that are not UTF-8 are replaced by U+FFFD, a
-source longer than `max_source_length` tokens is cut there, and outputs have at most
-`max_source_length + max_extra_length` tokens, so no request can take unbounded memory.
+source longer than the model's `max_length` tokens is cut there, and outputs have at most
+`max_length + max_extra_length` tokens, so no request can take unbounded memory. An input that
+is not a vector of strings (TF Serving passes on any shape) is refused with InvalidArgument.
 """
 
 import tensorflow as tf

@@ -140,12 +140,12 @@ def greedy_search(
     def step(state):
         index, done = state.index, state.done
         logits, cache = model.decode_step(ops.take(state.tokens, index, axis=1), index, state.cache, source_mask)
-        log_probs = _log_softmax_without_padding(logits)
-        token = ops.where(done, PAD_ID, ops.cast(ops.argmax(log_probs, axis=-1), "int32"))
+        best_log_prob, best_token = _best_tokens(logits, 1)
+        token = ops.where(done, PAD_ID, best_token[:, 0])
         return GreedyState(
             index=index + 1,
             tokens=_write_column(state.tokens, index + 1, token),
-            log_prob=state.log_prob + ops.where(done, 0.0, ops.max(log_probs, axis=-1)),
+            log_prob=state.log_prob + ops.where(done, 0.0, best_log_prob[:, 0]),
             length=ops.where(done, state.length, index + 1),
             done=done | (token == eos_id) | (index + 1 >= length_limit),
             cache=cache,
@@ -211,16 +211,18 @@ def beam_search(
     # Row b * k + i of a flattened [batch * k, ...] tensor is hypothesis i of sentence b.
     first_row = ops.expand_dims(ops.arange(batch, dtype="int32") * k, 1)  # [batch, 1]
     encoder_output, source_mask = model.encode(source_ids, training=False)
+    per_row = min(k, model.config.vocab_size)
 
     def step(state):
         index = state.index
         token_ids = ops.reshape(ops.take(state.alive, index, axis=2), (-1,))
         logits, cache = model.decode_step(token_ids, index, state.cache, source_mask)
-        vocab = ops.shape(logits)[-1]
-        log_probs = ops.reshape(_log_softmax_without_padding(logits), (batch, k, vocab))
-        candidates = ops.reshape(state.alive_log_prob[:, :, None] + log_probs, (batch, k * vocab))
-        top_log_prob, top_index = ops.top_k(candidates, k)  # [batch, k]
-        parent, token = top_index // vocab, top_index % vocab
+        # A sentence's k best extensions are among the k best tokens of each of its hypotheses.
+        best_log_prob, best_token = _best_tokens(logits, per_row)  # [batch * k, per_row]
+        candidates = state.alive_log_prob[:, :, None] + ops.reshape(best_log_prob, (batch, k, per_row))
+        top_log_prob, top_index = ops.top_k(ops.reshape(candidates, (batch, k * per_row)), k)  # [batch, k]
+        parent = top_index // per_row
+        token = ops.take_along_axis(ops.reshape(best_token, (batch, k * per_row)), top_index, axis=1)
         parent_rows = ops.reshape(parent + first_row, (-1,))
 
         sequences = _write_column(_take_rows(state.alive, parent_rows, k), index + 1, token)
@@ -304,9 +306,16 @@ def _length_limits(model, source_ids, max_extra_length, max_length):
     return ops.maximum(limit, 1), steps
 
 
-def _log_softmax_without_padding(logits):
-    """Log-probabilities over every token but padding, which is never generated."""
-    return ops.log_softmax(ops.where(ops.arange(ops.shape(logits)[-1]) == PAD_ID, NEG_INF, logits), axis=-1)
+def _best_tokens(logits, n):
+    """The `n` most likely tokens of each row of `logits` `[rows, vocab]` and their
+    log-probabilities, both `[rows, n]`, over every token but padding (never generated). Only
+    the normaliser is computed over the whole vocabulary, not every log-probability."""
+    logits = ops.where(ops.arange(ops.shape(logits)[-1]) == PAD_ID, NEG_INF, logits)
+    best, tokens = ops.top_k(logits, n)
+    # log_softmax's way, relative to the row's maximum, stays exact for near-certain tokens.
+    shifted = best - best[:, :1]
+    log_normaliser = ops.log(ops.sum(ops.exp(logits - best[:, :1]), axis=-1, keepdims=True))
+    return shifted - log_normaliser, ops.cast(tokens, "int32")
 
 
 def _write_column(sequences, column, values):
