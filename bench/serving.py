@@ -6,7 +6,9 @@ and batch 32.
 
 The run is exported with `python -m export`'s code for each --beam-sizes (4 is the paper's beam
 search, 1 greedy). Each export is measured in a fresh process, as a server starts it:
-`cold_start_s` is tf.saved_model.load plus the first translation of one sentence. Then each
+`cold_start_s` is tf.saved_model.load (`load_s`), the warm-up requests TF Serving replays
+before it serves a version (`warmup_s`), and the first translation of one sentence
+(`first_request_ms`). Then each
 request translates the next sentences of the run's test split (sources only, in order), with
 the signature TF Serving calls (`serving_default`), so the figures are the model's time without
 the HTTP or gRPC layer. One JSON line per beam size and batch size.
@@ -40,6 +42,8 @@ def measure(export_dir, sentences_path, batch_sizes, requests):
     start = time.perf_counter()
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     loaded = time.perf_counter()
+    replay_warmup_requests(export_dir, serve)
+    warmed = time.perf_counter()
     serve(text=tf.constant(sentences[:1]))
     cold_start = time.perf_counter() - start
     beam_size = _metadata(export_dir)["beam_size"]
@@ -59,12 +63,25 @@ def measure(export_dir, sentences_path, batch_sizes, requests):
                 "requests": requests,
                 "cold_start_s": round(cold_start, 3),
                 "load_s": round(loaded - start, 3),
+                "warmup_s": round(warmed - loaded, 3),
+                "first_request_ms": round(1000 * (cold_start - (warmed - start)), 1),
                 "p50_ms": round(1000 * float(np.percentile(latencies, 50)), 1),
                 "p95_ms": round(1000 * float(np.percentile(latencies, 95)), 1),
                 "sentences_per_s": round(batch * requests / sum(latencies), 1),
                 "peak_rss_mb": round(peak_rss_mb(), 1),
             }
         )
+
+
+def replay_warmup_requests(export_dir, serve):
+    """What TF Serving does before it serves a new version: run the requests of the SavedModel's
+    `assets.extra/tf_serving_warmup_requests` (PredictionLog records) through the signature."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = os.path.join(export_dir, "assets.extra", "tf_serving_warmup_requests")
+    for record in tf.data.TFRecordDataset(path):
+        request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+        serve(**{name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()})
 
 
 def _metadata(export_dir):
