@@ -65,6 +65,10 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
             f"The export builds a TensorFlow graph, but Keras runs on {keras.config.backend()}: run "
             "`python -m export` (it uses the TensorFlow backend), or set KERAS_BACKEND=tensorflow."
         )
+    version = version or next_version(base)
+    target = os.path.join(base, str(version))
+    if os.path.exists(target):  # before the model is loaded: a clash fails at once
+        raise ValueError(f"{target} exists already: choose another --version.")
     run = RunFolder(run_dir)
     model, checkpoint = run.load_model(checkpoint)
     tokenizer = run.load_tokenizer()
@@ -72,11 +76,6 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
     if os.path.exists(run.metrics_path):
         with open(run.metrics_path) as f:
             metrics = json.load(f)
-
-    version = version or next_version(base)
-    target = os.path.join(base, str(version))
-    if os.path.exists(target):
-        raise ValueError(f"{target} exists already: choose another --version.")
     os.makedirs(base, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".export-{version}-", dir=base)  # hidden: TF Serving skips it
     try:

@@ -82,7 +82,8 @@ class MultiHeadAttention(keras.layers.Layer):
         Heads come before positions, so each head's keys are one contiguous matrix for the
         attention's batched matmuls, and a decoder cache grows along one axis without a transpose.
         """
-        return self._split_heads(value, self.key_kernel, self.key_bias), self._split_heads(value, self.value_kernel, self.value_bias)
+        key = self._split_heads(value, self.key_kernel, self.key_bias)
+        return key, self._split_heads(value, self.value_kernel, self.value_bias)
 
     def _split_heads(self, x, kernel, bias):
         """`x W + b` for a kernel `[width, h, d_k]`: `[batch, len, width]` -> `[batch, h, len, d_k]`.

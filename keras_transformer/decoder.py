@@ -144,7 +144,8 @@ class DecoderLayer(ResidualLayer):
         if cache is not None:
             attended, cache = self._attend_to_cache(x, cache, cache_index, training)
             x = self.residual(self.self_attention_norm, x, attended, training)
-            x = self.residual(self.cross_attention_norm, x, self._attend_to_source(x, cache, source_mask, training), training)
+            attended = self._attend_to_source(x, cache, source_mask, training)
+            x = self.residual(self.cross_attention_norm, x, attended, training)
             return self.residual(self.feed_forward_norm, x, self.feed_forward(x), training), cache
 
         attended = self.self_attention(x, x, use_causal_mask=True, training=training)
@@ -187,7 +188,8 @@ class Decoder(Stack):
         cache's rows), for beam search. Rows are picked within each sentence's hypotheses, which
         share their encoder output: only the self-attention keys and values move."""
         return [
-            layer._replace(self_key=ops.take(layer.self_key, rows, axis=0), self_value=ops.take(layer.self_value, rows, axis=0))
+            layer._replace(self_key=ops.take(layer.self_key, rows, axis=0),
+                           self_value=ops.take(layer.self_value, rows, axis=0))
             for layer in cache
         ]
 

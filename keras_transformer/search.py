@@ -287,8 +287,10 @@ def _while_loop(condition, step, state, steps, static_shapes):
         while_loop = tf.while_loop
     else:
         while_loop = ops.while_loop
-    final = while_loop(lambda *fields: condition(kind(*fields)), lambda *fields: tuple(step(kind(*fields))), tuple(state), **loop)
-    return kind(*final)
+    def body(*fields):
+        return tuple(step(kind(*fields)))
+
+    return kind(*while_loop(lambda *fields: condition(kind(*fields)), body, tuple(state), **loop))
 
 
 def _length_limits(model, source_ids, max_extra_length, max_length):
