@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.common import fresh_initializer
+from keras_transformer.common import NEG_INF, fresh_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -122,7 +122,7 @@ class MultiHeadAttention(keras.layers.Layer):
         scores = ops.cast(scores, "float32")
         mask = self._combine_masks(attention_mask, use_causal_mask, ops.shape(scores))
         if mask is not None:
-            scores = ops.where(mask, scores, -1e9)
+            scores = ops.where(mask, scores, NEG_INF)
         # softmax, written out: keras.ops.softmax warns about one-key rows (one-token sources).
         weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
         weights = weights / ops.sum(weights, axis=-1, keepdims=True)

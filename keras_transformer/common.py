@@ -6,6 +6,9 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 
+# The logit or score of what must never be chosen: a masked position, padding, a dead hypothesis.
+NEG_INF = -1e9
+
 
 def fresh_initializer(initializer):
     """A new instance of `initializer`: one Keras initializer instance without a seed gives the

@@ -1,14 +1,26 @@
 """The Transformer: encoder-decoder over one shared embedding (section 3, Figure 1)."""
 
+import collections
+
 import keras
 from keras import ops
 
-from keras_transformer.common import PAD_ID
+from keras_transformer.common import NEG_INF, PAD_ID
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.positional_encoding import PositionalEncoding
+
+DecodingCache = collections.namedtuple("DecodingCache", ["layers", "logits_kernel", "logits_bias"])
+DecodingCache.__doc__ = """What `Transformer.decode_step` computes once and reuses at every step.
+
+layers: one `LayerCache` per decoder layer (keras_transformer/decoder.py).
+logits_kernel: `E^T` `[d_model, vocab]`, the shared embedding transposed once per decode, not at
+    every step (TensorFlow multiplies by a transposed operand more slowly).
+logits_bias: float32 `[vocab]`: `NEG_INF` at padding, which is never generated, else 0; added to
+    the logits in the same fused matmul, rather than masked in a pass of its own.
+"""
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -96,14 +108,20 @@ class Transformer(keras.Model):
         return weights
 
     def init_cache(self, encoder_output, hypotheses=1, max_length=None):
-        """The decoder's key/value cache for decoding `hypotheses` outputs per sentence (see
-        `decode_step`). It grows by one position a step; with `max_length` it is preallocated for
-        that many positions instead, so that its shapes stay fixed (XLA, TPUs)."""
-        return self.decoder.init_cache(encoder_output, hypotheses, max_length)
+        """What `decode_step` reuses while decoding `hypotheses` outputs per sentence of
+        `encoder_output` `[batch, source_len, d_model]`: a `DecodingCache`. Its self-attention
+        keys and values grow by one position a step; with `max_length` they are preallocated
+        for that many positions instead, so that their shapes stay fixed (XLA, TPUs)."""
+        vocab = self.config.vocab_size
+        return DecodingCache(
+            layers=self.decoder.init_cache(encoder_output, hypotheses, max_length),
+            logits_kernel=ops.transpose(ops.cast(self.embedding.embeddings, encoder_output.dtype)),
+            logits_bias=ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, ops.zeros((vocab,), "float32")),
+        )
 
     def reorder_cache(self, cache, rows):
         """The cache of the hypotheses `rows` (int `[batch * hypotheses]`), as beam search keeps them."""
-        return self.decoder.reorder_cache(cache, rows)
+        return cache._replace(layers=self.decoder.reorder_cache(cache.layers, rows))
 
     def decode_step(self, token_ids, index, cache, source_mask):
         """Decodes one position from the cache, without dropout.
@@ -116,12 +134,15 @@ class Transformer(keras.Model):
             source_mask: boolean `[batch, 1, source_len]`, from `encode`.
 
         Returns:
-            (float32 logits `[batch * hypotheses, vocab]` for position `index + 1`, updated cache).
+            (float32 logits `[batch * hypotheses, vocab]` for position `index + 1`, updated
+            cache). Padding is never generated: its logit is `NEG_INF`.
         """
         x = self.embedding(token_ids[:, None])
         x = self.positional_encoding(x, start_index=index)
-        x, cache = self.decoder(x, source_mask=source_mask, cache=cache, cache_index=index, training=False)
-        return self.embedding.logits(x)[:, 0], cache
+        x, layers = self.decoder(x, source_mask=source_mask, cache=cache.layers, cache_index=index, training=False)
+        logits = ops.cast(ops.matmul(x[:, 0], cache.logits_kernel), "float32") + cache.logits_bias
+        # A loop carrying a growing cache may not know the cache's shapes: restate the vocabulary.
+        return ops.reshape(logits, (-1, self.config.vocab_size)), cache._replace(layers=layers)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig
+from keras_transformer import search as search_module
 from keras_transformer.search import beam_search, greedy_search, length_penalty
 
 
@@ -101,6 +102,25 @@ def test_wide_beam_finds_the_exhaustive_best(rng):
                 tokens = np.asarray(result.tokens[row, rank])
                 assert list(tokens[tokens != PAD_ID]) == output
                 np.testing.assert_allclose(result.scores[row, rank], score, rtol=1e-4)
+
+
+@pytest.mark.parametrize("vocab, k", [(8000, 4), (37000, 5), (1024, 8), (7999, 4), (8000, 1)])
+def test_top_k_in_chunks_equals_a_full_sort(vocab, k, rng):
+    values = rng.normal(size=(5, vocab)).astype("float32")
+    best, index = search_module._top_k(keras.ops.convert_to_tensor(values), k)
+    expected = np.argsort(-values, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(index, expected)
+    np.testing.assert_array_equal(best, np.take_along_axis(values, expected, axis=1))
+
+
+def test_beam_search_over_a_vocabulary_in_chunks_equals_it_with_a_plain_top_k(rng, monkeypatch):
+    model = _model(512, seed=8)  # 512 tokens split into chunks: each hypothesis's best 4 from the best 4 chunks
+    sources = _sources(rng, [5, 2, 7], 512)
+    chunked = beam_search(model, sources, max_extra_length=5, return_all=True)
+    monkeypatch.setattr(search_module, "_top_k", keras.ops.top_k)
+    plain = beam_search(model, sources, max_extra_length=5, return_all=True)
+    np.testing.assert_array_equal(chunked.tokens, plain.tokens)
+    np.testing.assert_allclose(chunked.scores, plain.scores, rtol=1e-6)
 
 
 def test_a_sentence_alone_equals_it_in_a_batch(rng):
