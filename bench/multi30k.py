@@ -4,11 +4,14 @@ machine within a time budget, scored on test2016.
     python -m bench.multi30k --data ../shared/data/multi30k --run-dir runs/multi30k
     python -m bench.multi30k --smoke    # seconds: a tiny model on a folder made from the synthetic corpus
 
-`--data` is a folder with train.en/.de, val.en/.de and test2016.en/.de (one sentence a line,
-raw cased text). The recipe (RECIPE below) is `training.train` with the `small` preset and
---max-minutes; then the last 5 checkpoints are averaged and test2016 is translated with beam
-search (beam 4, alpha 0.6). Prints one JSON line: cased sacreBLEU on the raw text with its
-signature, chrF, the BLEU of the last checkpoint alone, steps, training and wall time.
+`--data` is a folder with train.en/.de, val.en/.de and test2016.en/.de (or test_2016_flickr.*,
+the Multi30k repository's name), one sentence a line, raw cased text. The recipe (RECIPE below)
+is `training.train` with the `small` preset and --max-minutes, with dev BLEU on a val subset
+every few minutes for the learning curve; then the last 5 checkpoints are averaged, val is
+translated with the last and the averaged checkpoint, and test2016, once, with the averaged one
+(beam 4, alpha 0.6). Prints one JSON line: cased sacreBLEU on the raw text with its signature,
+chrF, and BLEU on lowercased text (13a tokenization, as papers report it), for val and test2016;
+steps, training and wall time; the learning curve's PNG (`training.learning_curve`).
 Rerunning with the same --run-dir resumes; the budget counts the training time of every run.
 """
 
@@ -25,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 
 from bench.common import emit, peak_rss_mb  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
-from training import evaluate, synthetic, train  # noqa: E402
+from training import evaluate, learning_curve, synthetic, train  # noqa: E402
 from training.average_checkpoints import average_checkpoints  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 
@@ -35,27 +38,39 @@ AVERAGE_LAST = 5
 # a CPU it does not speed the step up (bench/README.md) and would compile every bucket's shape.
 RECIPE = ["--config", "small", "--dropout", "0.2", "--no-xla", "--max-minutes", "100", "--checkpoint-every", "200",
           "--keep-checkpoints", str(AVERAGE_LAST), "--source-lang", "en", "--target-lang", "de",
-          "--dev-split", "val", "--test-split", "test2016", "--no-evaluate"]  # fmt: skip
+          "--dev-split", "val", "--eval-every-minutes", "10", "--eval-sentences", "250", "--no-evaluate"]  # fmt: skip
 SMOKE = ["--config", "tiny", "--steps", "6", "--steps-per-call", "2", "--checkpoint-every", "2", "--batch-tokens", "256",
-         "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu"]  # fmt: skip
-FILES = [f"{split}.{lang}" for split in ("train", "val", "test2016") for lang in ("en", "de")]
+         "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--eval-every-minutes", "0.001"]  # fmt: skip
+# The test split's file names: ours, then the Multi30k repository's.
+TEST_SPLITS = ("test2016", "test_2016_flickr")
 
 
 def write_smoke_data(directory):
     """A Multi30k-shaped folder of synthetic sentence pairs (the smoke mode's data)."""
     splits = synthetic.generate_splits(seed=0, train=300, dev=8, test=8)
-    for split, prefix in (("train", "train"), ("dev", "val"), ("test", "test2016")):
+    for split, prefix in (("train", "train"), ("dev", "val"), ("test", TEST_SPLITS[-1])):
         for side, lang in enumerate(("en", "de")):
             with open(os.path.join(directory, f"{prefix}.{lang}"), "w", encoding="utf-8") as f:
                 f.writelines(pair[side] + "\n" for pair in splits[split])
 
 
+def test_split(data_dir):
+    """The test split's file prefix in `data_dir`; exits naming the missing files."""
+    def missing(splits):
+        return [f"{split}.{lang}" for split in splits for lang in ("en", "de")
+                if not os.path.exists(os.path.join(data_dir, f"{split}.{lang}"))]  # fmt: skip
+
+    test = next((split for split in TEST_SPLITS if not missing([split])), TEST_SPLITS[0])
+    if missing(["train", "val", test]):
+        raise SystemExit(f"error: --data {data_dir} lacks {', '.join(missing(['train', 'val', test]))} (Multi30k's "
+                         f"file names; the test split may be {' or '.join(TEST_SPLITS)}).")  # fmt: skip
+    return test
+
+
 def run(data_dir, run_dir, extra_flags=()):
-    missing = [name for name in FILES if not os.path.exists(os.path.join(data_dir, name))]
-    if missing:
-        raise SystemExit(f"error: --data {data_dir} lacks {', '.join(missing)} (Multi30k's file names).")
     start = time.perf_counter()
-    args = train.parse_args(["--run-dir", run_dir, "--dataset", data_dir, *RECIPE, *extra_flags])
+    flags = ["--run-dir", run_dir, "--dataset", data_dir, "--test-split", test_split(data_dir), *RECIPE, *extra_flags]
+    args = train.parse_args(flags)
     _, trained = train.train(args)
     _, averaged_paths = average_checkpoints(run_dir, AVERAGE_LAST)
 
@@ -63,24 +78,30 @@ def run(data_dir, run_dir, extra_flags=()):
     tokenizer, corpus = folder.load_tokenizer(), folder.load_corpus()
     settings = DecodingSettings(args.beam_size, args.alpha)
     last_model, _ = folder.load_model(tf.train.latest_checkpoint(folder.checkpoint_dir))
-    last = evaluate.evaluate(last_model, tokenizer, corpus, "test", settings)
+    last = evaluate.evaluate(last_model, tokenizer, corpus, "dev", settings)
     averaged_model, checkpoint = folder.load_model()
-    metrics = evaluate.evaluate(averaged_model, tokenizer, corpus, "test", settings,
-                                output_path=os.path.join(run_dir, "translations.test.txt"))  # fmt: skip
-    metrics.update(checkpoint=checkpoint, steps=trained["steps"], train_seconds=trained["train_seconds"])
-    folder.update_metrics(metrics)
+    dev = evaluate.evaluate(averaged_model, tokenizer, corpus, "dev", settings,
+                            output_path=os.path.join(run_dir, "translations.dev.txt"))  # fmt: skip
+    test = evaluate.evaluate(averaged_model, tokenizer, corpus, "test", settings,
+                             output_path=os.path.join(run_dir, "translations.test.txt"))  # fmt: skip
+    test.update(evaluate.prefixed(dev, "dev"), dev_bleu_last_checkpoint=last["bleu"], checkpoint=checkpoint,
+                steps=trained["steps"], train_seconds=trained["train_seconds"])  # fmt: skip
+    folder.update_metrics(test)
+    scores = ("bleu", "signature", "chrf", "chrf_signature", "bleu_lowercase", "bleu_lowercase_signature")
     emit(
         {
             "benchmark": "multi30k",
             "test_set": "multi30k test2016 en-de",
-            **{name: metrics[name] for name in ("bleu", "signature", "chrf", "chrf_signature", "beam_size", "alpha")},
-            "bleu_last_checkpoint": last["bleu"],
+            **{name: test[name] for name in (*scores, "beam_size", "alpha")},
+            **{f"dev_{name}": dev[name] for name in ("bleu", "chrf", "bleu_lowercase")},
+            "dev_bleu_last_checkpoint": last["bleu"],
             "averaged_checkpoints": len(averaged_paths),
             "steps": trained["steps"],
             "train_seconds": trained["train_seconds"],
             "wall_seconds": round(time.perf_counter() - start, 1),
             "parameters": averaged_model.count_params(),
             "peak_rss_mb": round(peak_rss_mb(), 1),
+            "learning_curve": learning_curve.plot(run_dir),
             "recipe": " ".join(RECIPE + list(extra_flags)),
         }
     )
@@ -89,17 +110,17 @@ def run(data_dir, run_dir, extra_flags=()):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="the Multi30k folder (here: ../shared/data/multi30k)")
-    parser.add_argument("--run-dir", default="runs/multi30k")
+    parser.add_argument("--run-dir", help="the run folder (default: runs/multi30k; with --smoke: a temporary one)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on tiny synthetic data, in seconds")
     args, extra_flags = parser.parse_known_args()  # the rest goes to training.train (e.g. --max-minutes 30)
     if args.smoke:
         with tempfile.TemporaryDirectory() as scratch:
             write_smoke_data(scratch)
-            run(scratch, os.path.join(scratch, "run"), SMOKE + extra_flags)
+            run(scratch, args.run_dir or os.path.join(scratch, "run"), SMOKE + extra_flags)
         return
     if not args.data:
         parser.error("--data is required (a folder with train.en, train.de, val.*, test2016.*), or --smoke")
-    run(args.data, args.run_dir, extra_flags)
+    run(args.data, args.run_dir or "runs/multi30k", extra_flags)
 
 
 if __name__ == "__main__":

@@ -6,26 +6,38 @@ import sys
 
 import pytest
 
+from training import learning_curve
+
 REQUIRED = {
     "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
     "bench.pipeline": {"tgt_tokens_per_s", "tgt_tokens_per_s_per_core", "v5e_chip_tgt_tokens_per_s_estimate", "cores_per_chip"},
     "bench.train_throughput": {"config", "backend", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
     "bench.serving": {"beam_size", "batch", "cold_start_s", "warmup_s", "first_request_ms", "p50_ms", "p95_ms", "peak_rss_mb"},
-    "bench.multi30k": {"bleu", "signature", "chrf", "bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
+    "bench.multi30k": {"bleu", "signature", "chrf", "bleu_lowercase", "bleu_lowercase_signature", "dev_bleu", "dev_chrf",
+                       "dev_bleu_lowercase", "dev_bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
 }
 
 
 # Each runs its whole benchmark (several processes; some train for a few steps): marked slow.
 @pytest.mark.slow
 @pytest.mark.parametrize("module", sorted(REQUIRED))
-def test_benchmark_smoke_mode_prints_json_lines(module):
+def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path):
+    kept = ["--run-dir", str(tmp_path / "run")] if module == "bench.multi30k" else []
     output = subprocess.run(
-        [sys.executable, "-m", module, "--smoke"], check=True, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", module, "--smoke", *kept], check=True, capture_output=True, text=True, timeout=600
     ).stdout
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert records, output
     for record in records:
         assert REQUIRED[module] <= set(record), record
         assert all(record[key] > 0 for key in record if key.endswith("_per_s") or key == "peak_rss_mb")
+    if module == "bench.multi30k":  # the learning curve has dev points, and metrics.json the extra figures
+        assert records[0]["learning_curve"] == str(tmp_path / "run" / "learning_curve.png")
+        assert (tmp_path / "run" / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
+        assert len(learning_curve.curve(tmp_path / "run")[3]) == 2  # after each 2-step call but the last: --eval-every-minutes 0.001
+        metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+        assert {key: metrics[key] for key in ("bleu_lowercase", "dev_bleu", "dev_bleu_lowercase")} == {
+            key: records[0][key] for key in ("bleu_lowercase", "dev_bleu", "dev_bleu_lowercase")}
+        assert "lc" in metrics["bleu_lowercase_signature"] and "mixed" in metrics["signature"]
     if module == "bench.train_throughput":  # every backend's row, in one run
         assert {(r["backend"], r["xla"]) for r in records} >= {("tensorflow", False), ("tensorflow", True), ("jax", True)}

@@ -1,7 +1,8 @@
 """`python -m training.evaluate --run-dir DIR`: translate a split with beam search and score it
-with sacreBLEU (BLEU and chrF on detokenized text, with their signatures).
+with sacreBLEU (cased BLEU, chrF and lowercased BLEU on detokenized text, with their signatures).
 
-Writes `DIR/metrics.json` (for the test split) and `DIR/translations.<split>.txt`.
+Writes the figures into `DIR/metrics.json` (the test split's as they are, the dev split's with a
+`dev_` prefix) and the translations into `DIR/translations.<split>.txt`.
 """
 
 import argparse
@@ -78,17 +79,15 @@ def compile_search(model, settings=DecodingSettings(), jit_compile=True):
 
 
 def score(translations, references):
-    """Cased sacreBLEU BLEU and chrF of detokenized text, with their signatures."""
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
-    bleu_score = bleu.corpus_score(translations, [references])
-    chrf_score = chrf.corpus_score(translations, [references])
-    return {
-        "bleu": round(bleu_score.score, 2),
-        "chrf": round(chrf_score.score, 2),
-        "signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-    }
+    """sacreBLEU's scores of detokenized text, with their signatures: cased BLEU and chrF (this
+    project's figures), and BLEU on lowercased text (`bleu_lowercase`, 13a tokenization), the
+    looser measure most papers on Multi30k report."""
+    metrics = {}
+    for name, metric in (("bleu", sacrebleu.metrics.BLEU()), ("chrf", sacrebleu.metrics.CHRF()),
+                         ("bleu_lowercase", sacrebleu.metrics.BLEU(lowercase=True, tokenize="13a"))):  # fmt: skip
+        metrics[name] = round(metric.corpus_score(translations, [references]).score, 2)
+        metrics["signature" if name == "bleu" else f"{name}_signature"] = str(metric.get_signature())
+    return metrics
 
 
 def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, limit=None, output_path=None, jit_compile=True):
@@ -112,6 +111,12 @@ def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, li
         with open(output_path, "w", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in translations)
     return metrics
+
+
+def prefixed(metrics, split):
+    """`metrics` of `split` with keys named for it (`dev_bleu`, ...), to sit beside the test
+    split's in `metrics.json`."""
+    return {f"{split}_{key}": value for key, value in metrics.items() if key != "split"}
 
 
 def add_decoding_flags(parser):
@@ -145,8 +150,7 @@ def main(argv=None):
     except ValueError as error:
         sys.exit(f"error: {error}")
     metrics["checkpoint"] = checkpoint_path
-    if args.split == "test":
-        run.update_metrics(metrics)
+    run.update_metrics(metrics if args.split == "test" else prefixed(metrics, "dev"))
     print(json.dumps(metrics, indent=2))
 
 

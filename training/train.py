@@ -60,6 +60,8 @@ def parse_args(argv=None):
     add("--checkpoint-every", type=int, help="steps between checkpoints")
     add("--keep-checkpoints", type=int, default=5, help="checkpoints kept (the paper averages the last 5)")
     add("--eval-every", type=int, default=0, help="steps between dev BLEU evaluations (0: at the end only)")
+    add("--eval-every-minutes", type=float, default=0, help="training minutes between dev BLEU evaluations "
+        "(0: none), for a learning curve against time (training.learning_curve)")
     add("--eval-sentences", type=int, default=500, help="dev sentences for BLEU during training")
     evaluate.add_decoding_flags(parser)
     add("--backend", choices=backends.BACKENDS, help="Keras' backend (default: KERAS_BACKEND, else tensorflow)")
@@ -143,6 +145,7 @@ def train(args, strategy=None):
     progress.update(step)
     dropped = 0
     out_of_time = lambda: args.max_minutes is not None and train_seconds >= 60 * args.max_minutes  # noqa: E731
+    periods_evaluated = _periods(train_seconds, args.eval_every_minutes)
     while step < args.steps and not out_of_time():
         boundary = min(args.steps, (step // args.checkpoint_every + 1) * args.checkpoint_every)
         num_steps = min(args.steps_per_call, boundary - step)
@@ -158,10 +161,13 @@ def train(args, strategy=None):
             tf.summary.scalar("learning_rate", learning_rate)
             tf.summary.scalar("target_tokens_per_second", tokens / seconds)
             tf.summary.scalar("dropped_pairs", dropped)
+            tf.summary.scalar("training_minutes", train_seconds / 60)  # the x axis of learning curves
         if step == boundary or out_of_time():
             saved = backend.save(step, train_seconds)
             print(f"\nSaved checkpoint {saved} at step {step}.", flush=True)
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+        periods = _periods(train_seconds, args.eval_every_minutes)
+        if step < args.steps and (args.eval_every and step % args.eval_every == 0 or periods > periods_evaluated):
+            periods_evaluated = periods
             backend.sync_model()
             _evaluate_dev(backend.model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step)
     if step < args.steps:
@@ -187,8 +193,13 @@ def train(args, strategy=None):
     return model, metrics
 
 
+def _periods(seconds, minutes):
+    """Whole periods of `minutes` in `seconds` (0 if `minutes` is 0)."""
+    return int(seconds // (60 * minutes)) if minutes else 0
+
+
 def _evaluate_dev(model, tokenizer, corpus, decoding, sentences, writer, step):
-    metrics = evaluate.evaluate(model, tokenizer, corpus, "dev", decoding, limit=sentences)
+    metrics = evaluate.evaluate(model, tokenizer, corpus, "dev", decoding, limit=sentences, jit_compile=False)
     with writer.as_default(step=step):
         tf.summary.scalar("bleu", metrics["bleu"])
         tf.summary.scalar("chrf", metrics["chrf"])
