@@ -180,9 +180,9 @@ def beam_search(
     the `beam_size` most likely extensions. Those that end (with the end-of-sentence id, or at
     the sentence's length limit) move to a separate set of finished hypotheses, ranked by
     `log P / lp`, and stop being alive. A sentence is done when no alive hypothesis can still
-    beat its worst kept finished one: log-probabilities only fall as a hypothesis grows, so its
-    best possible score is its log-probability over lp(length limit). With `beam_size=1` this is
-    exactly greedy search.
+    beat the finished one it returns (with `return_all`, the k-th): log-probabilities only fall
+    as a hypothesis grows, so its best possible score is its log-probability over lp(length
+    limit). With `beam_size=1` this is exactly greedy search.
 
     Args:
         model: a `Transformer`.
@@ -210,6 +210,7 @@ def beam_search(
     first_row = ops.expand_dims(ops.arange(batch, dtype="int32") * k, 1)  # [batch, 1]
     encoder_output, source_mask = model.encode(source_ids, training=False)
     per_row = min(k, model.config.vocab_size)
+    returned = k if return_all else 1  # finished hypotheses per sentence that must be final
 
     def step(state):
         index = state.index
@@ -236,7 +237,7 @@ def beam_search(
 
         alive_log_prob = ops.where(ending, NEG_INF, top_log_prob)
         best_alive = ops.max(alive_log_prob, axis=1, keepdims=True)
-        cannot_improve = best_alive / best_possible_penalty <= finished_score[:, -1:]
+        cannot_improve = best_alive / best_possible_penalty <= finished_score[:, returned - 1 : returned]
         done = state.done | ops.squeeze(cannot_improve | (best_alive <= NEG_INF / 2), axis=1)
         return BeamState(
             index=index + 1,

@@ -90,13 +90,17 @@ def _exhaustive(model, source, max_length, alpha):
     return sorted(scored, key=lambda pair: -pair[0])
 
 
-def test_wide_beam_finds_the_exhaustive_best(rng):
-    model = _model(6, seed=11)
-    sources = _sources(rng, [4, 2], 6)
+# Beams wide enough to keep every prefix: wider than the vocabulary, and as wide.
+@pytest.mark.parametrize("vocab, beam_size, max_length", [(6, 48, 3), (8, 8, 2)])
+def test_wide_beam_finds_the_exhaustive_best(vocab, beam_size, max_length, rng):
+    model = _model(vocab, seed=11)
+    sources = _sources(rng, [4, 2], vocab)
     for alpha in (0.0, 0.6, 1.0):
-        result = beam_search(model, sources, beam_size=48, alpha=alpha, max_length=3, return_all=True)
+        result = beam_search(model, sources, beam_size=beam_size, alpha=alpha, max_length=max_length, return_all=True)
+        best = beam_search(model, sources, beam_size=beam_size, alpha=alpha, max_length=max_length)  # stops sooner
         for row, source in enumerate(sources):
-            expected = _exhaustive(model, source, 3, alpha)
+            expected = _exhaustive(model, source, max_length, alpha)
+            assert list(np.asarray(best.tokens[row])[np.asarray(best.tokens[row]) != PAD_ID]) == expected[0][1]
             for rank in range(5):
                 score, output = expected[rank]
                 tokens = np.asarray(result.tokens[row, rank])
@@ -121,6 +125,22 @@ def test_beam_search_over_a_vocabulary_in_chunks_equals_it_with_a_plain_top_k(rn
     plain = beam_search(model, sources, max_extra_length=5, return_all=True)
     np.testing.assert_array_equal(chunked.tokens, plain.tokens)
     np.testing.assert_allclose(chunked.scores, plain.scores, rtol=1e-6)
+
+
+def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
+    """Without `return_all` a sentence stops once nothing alive can beat its best finished
+    hypothesis, sooner than once nothing can beat its k-th: the best is the same."""
+    def eos_logit(index, tokens):  # hypotheses end at various steps
+        rows = tf.cast(tf.range(tf.shape(tokens)[0]), tf.float32)
+        return 4.0 * tf.sin(5.0 * rows + 2.0 * tf.cast(index, tf.float32))
+
+    model = _EosLogit(_model(30, seed=12), eos_logit)
+    sources = _sources(rng, [6, 2, 9, 4, 7], 30)
+    for alpha in (0.0, 0.6):
+        best = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10)
+        every = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10, return_all=True)
+        np.testing.assert_array_equal(best.tokens, every.tokens[:, 0])
+        np.testing.assert_allclose(best.scores, every.scores[:, 0], rtol=1e-6)
 
 
 def test_a_sentence_alone_equals_it_in_a_batch(rng):
