@@ -183,15 +183,22 @@ class Decoder(Stack):
         """One cache per layer (see `DecoderLayer.init_cache`), as a list."""
         return [layer.init_cache(encoder_output, hypotheses, max_length) for layer in self.layers]
 
-    def reorder_cache(self, cache, rows):
-        """The cache of the hypotheses `rows` (int `[batch * hypotheses]`, indices into the
+    def reorder_cache(self, cache, rows, sentences=None):
+        """The cache of the hypotheses `rows` (int `[sentences * hypotheses]`, indices into the
         cache's rows), for beam search. Rows are picked within each sentence's hypotheses, which
-        share their encoder output: only the self-attention keys and values move."""
-        return [
-            layer._replace(self_key=ops.take(layer.self_key, rows, axis=0),
-                           self_value=ops.take(layer.self_value, rows, axis=0))
-            for layer in cache
-        ]
+        share their encoder output: only the self-attention keys and values move, unless
+        `sentences` (int, indices into the cache's sentences) keeps only some sentences, whose
+        encoder-decoder keys and values are then taken too."""
+
+        def reorder(layer):
+            layer = layer._replace(self_key=ops.take(layer.self_key, rows, axis=0),
+                                   self_value=ops.take(layer.self_value, rows, axis=0))  # fmt: skip
+            if sentences is None:
+                return layer
+            return layer._replace(cross_key=ops.take(layer.cross_key, sentences, axis=0),
+                                  cross_value=ops.take(layer.cross_value, sentences, axis=0))  # fmt: skip
+
+        return [reorder(layer) for layer in cache]
 
     def call(
         self,

@@ -119,9 +119,10 @@ class Transformer(keras.Model):
             logits_bias=ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, ops.zeros((vocab,), "float32")),
         )
 
-    def reorder_cache(self, cache, rows):
-        """The cache of the hypotheses `rows` (int `[batch * hypotheses]`), as beam search keeps them."""
-        return cache._replace(layers=self.decoder.reorder_cache(cache.layers, rows))
+    def reorder_cache(self, cache, rows, sentences=None):
+        """The cache of the hypotheses `rows` (int `[sentences * hypotheses]`), as beam search
+        keeps them; with `sentences`, of those sentences only (see `Decoder.reorder_cache`)."""
+        return cache._replace(layers=self.decoder.reorder_cache(cache.layers, rows, sentences))
 
     def decode_step(self, token_ids, index, cache, source_mask):
         """Decodes one position from the cache, without dropout.

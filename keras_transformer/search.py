@@ -65,14 +65,16 @@ outputs. log_prob, length, done: `[batch]`. cache: the model's, unread here.
 """
 
 BeamState = collections.namedtuple(
-    "BeamState", ["index", "alive", "alive_log_prob", "finished", "finished_score", "done", "cache"]
+    "BeamState", ["index", "alive", "alive_log_prob", "finished", "finished_score", "done", "active", "cache"]
 )
 BeamState.__doc__ = """The loop state of `beam_search`, for a batch of sentences with k hypotheses each.
 
 index: the position being decoded (scalar). alive: int32 `[batch, k, steps + 1]`, the hypotheses
 still growing (BOS, then tokens); alive_log_prob: `[batch, k]`, their log P (NEG_INF once they
 end). finished, finished_score: the k best ended hypotheses and their log P / lp. done:
-`[batch]`, no alive hypothesis can beat the finished ones. cache: the model's, unread here.
+`[batch]`, no alive hypothesis can beat the finished ones. active: int32, the sentences the
+model still decodes, ascending (with the growing cache, those not done; else all). cache: the
+model's, for the active sentences, unread here.
 """
 
 
@@ -211,13 +213,24 @@ def beam_search(
     encoder_output, source_mask = model.encode(source_ids, training=False)
     per_row = min(k, model.config.vocab_size)
     returned = k if return_all else 1  # finished hypotheses per sentence that must be final
+    # Where shapes may change, the model stops decoding a sentence once it is done, as
+    # CTranslate2 does: a batch costs what its unfinished sentences cost.
+    drop_done = not static_shapes
+
+    def rows_of(sentences):  # the flat rows of their hypotheses
+        return ops.reshape(ops.expand_dims(sentences * k, 1) + ops.arange(k, dtype="int32"), (-1,))
 
     def step(state):
         index = state.index
-        token_ids = ops.reshape(ops.take(state.alive, index, axis=2), (-1,))
-        logits, cache = model.decode_step(token_ids, index, state.cache, source_mask)
+        decoded = rows_of(state.active)
+        token_ids = ops.take(ops.reshape(ops.take(state.alive, index, axis=2), (-1,)), decoded)
+        active_mask = ops.take(source_mask, state.active, axis=0)
+        logits, cache = model.decode_step(token_ids, index, state.cache, active_mask)
         # A sentence's k best extensions are among the k best tokens of each of its hypotheses.
-        best_log_prob, best_token = _best_tokens(logits, per_row)  # [batch * k, per_row]
+        best_log_prob, best_token = _best_tokens(logits, per_row)  # [active * k, per_row]
+        if drop_done:  # back in every row: a done sentence's NEG_INF log P outweighs these zeros
+            best_log_prob = ops.scatter(decoded[:, None], best_log_prob, (batch * k, per_row))
+            best_token = ops.scatter(decoded[:, None], best_token, (batch * k, per_row))
         candidates = state.alive_log_prob[:, :, None] + ops.reshape(best_log_prob, (batch, k, per_row))
         top_log_prob, top_index = ops.top_k(ops.reshape(candidates, (batch, k * per_row)), k)  # [batch, k]
         parent = top_index // per_row
@@ -239,6 +252,16 @@ def beam_search(
         best_alive = ops.max(alive_log_prob, axis=1, keepdims=True)
         cannot_improve = best_alive / best_possible_penalty <= finished_score[:, returned - 1 : returned]
         done = state.done | ops.squeeze(cannot_improve | (best_alive <= NEG_INF / 2), axis=1)
+        active = state.active
+        if drop_done:
+            active = ops.cast(ops.nonzero(~done)[0], "int32")
+            # Cache rows and sentences are numbered among those decoded this step.
+            row_position = ops.scatter(decoded[:, None], ops.arange(ops.shape(decoded)[0], dtype="int32"), (batch * k,))
+            kept_rows = ops.take(row_position, ops.take(parent_rows, rows_of(active)))
+            sentence_position = ops.scatter(state.active[:, None], ops.arange(ops.shape(state.active)[0], dtype="int32"), (batch,))
+            cache = model.reorder_cache(cache, kept_rows, ops.take(sentence_position, active))
+        else:
+            cache = model.reorder_cache(cache, parent_rows)
         return BeamState(
             index=index + 1,
             alive=sequences,
@@ -246,7 +269,8 @@ def beam_search(
             finished=finished,
             finished_score=finished_score,
             done=done,
-            cache=model.reorder_cache(cache, parent_rows),
+            active=active,
+            cache=cache,
         )
 
     start = ops.concatenate([ops.full((batch, k, 1), bos_id, "int32"), ops.zeros((batch, k, steps), "int32")], axis=2)
@@ -258,9 +282,11 @@ def beam_search(
         finished=ops.zeros_like(start),
         finished_score=ops.full((batch, k), NEG_INF, "float32"),
         done=ops.zeros((batch,), "bool"),
+        active=ops.arange(batch, dtype="int32"),
         cache=model.init_cache(encoder_output, k, steps if static_shapes else None),
     )
-    state = _while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps, static_shapes)
+    state = _while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps, static_shapes,
+                        growing=("active", "cache"))  # fmt: skip
     tokens = _strip(state.finished[:, :, 1:], eos_id)
     if return_all:
         return SearchResult(tokens, state.finished_score)
@@ -271,21 +297,23 @@ def _static_shapes(static_shapes):
     return keras.config.backend() != "tensorflow" if static_shapes is None else static_shapes
 
 
-def _while_loop(condition, step, state, steps, static_shapes):
+def _while_loop(condition, step, state, steps, static_shapes, growing=("cache",)):
     """`state = step(state)` while `condition(state)`, for at most `steps` steps, over a named
-    state. Without `static_shapes` the cache grows, which TensorFlow allows when told so (shape
-    invariants)."""
+    state. Without `static_shapes` the `growing` fields may change shape, which TensorFlow allows
+    when told so (shape invariants)."""
     kind = type(state)
     loop = dict(maximum_iterations=steps)
     if not static_shapes and keras.config.backend() == "tensorflow":
         import tensorflow as tf
 
         shapes = kind(*(tf.nest.map_structure(lambda t: t.shape, field) for field in state))
-        growing = tf.nest.map_structure(lambda t: tf.TensorShape([None] * t.shape.rank), state.cache)
-        loop["shape_invariants"] = tuple(shapes._replace(cache=growing))
+        relaxed = {name: tf.nest.map_structure(lambda t: tf.TensorShape([None] * t.shape.rank), getattr(state, name))
+                   for name in growing}  # fmt: skip
+        loop["shape_invariants"] = tuple(shapes._replace(**relaxed))
         while_loop = tf.while_loop
     else:
         while_loop = ops.while_loop
+
     def body(*fields):
         return tuple(step(kind(*fields)))
 

@@ -24,7 +24,11 @@ def _sources(rng, lengths, vocab_size):
 
 
 class _EosLogit:
-    """Wraps a model and adds `adjust(index, previous_tokens)` to the EOS logit at each step."""
+    """Wraps a model and adds `adjust(index, source_length, slot)` to the EOS logit at each step.
+
+    A row is known by its sentence's source length and its place among the sentence's
+    hypotheses (float `[rows]` each), not by its row number, which changes when beam search
+    stops decoding sentences that are done."""
 
     def __init__(self, model, adjust):
         self.model, self.config, self.adjust = model, model.config, adjust
@@ -32,17 +36,19 @@ class _EosLogit:
 
     def decode_step(self, token_ids, index, cache, source_mask):
         logits, cache = self.model.decode_step(token_ids, index, cache, source_mask)
-        eos = tf.one_hot(EOS_ID, logits.shape[-1])
-        adjust = tf.cast(self.adjust(index, token_ids), tf.float32)
-        return logits + eos * tf.reshape(adjust, [-1, 1]), cache
+        per_sentence = tf.shape(token_ids)[0] // tf.maximum(tf.shape(source_mask)[0], 1)
+        source_length = tf.repeat(tf.reduce_sum(tf.cast(source_mask[:, 0], tf.float32), axis=1), per_sentence)
+        slot = tf.cast(tf.range(tf.shape(token_ids)[0]) % per_sentence, tf.float32)
+        adjust = tf.cast(self.adjust(index, source_length, slot), tf.float32) + tf.zeros_like(source_length)
+        return logits + tf.one_hot(EOS_ID, logits.shape[-1]) * adjust[:, None], cache
 
 
 def _never_ends(model):
-    return _EosLogit(model, lambda index, tokens: -1e4)
+    return _EosLogit(model, lambda index, source_length, slot: -1e4)
 
 
 def _ends_at(model, length):
-    return _EosLogit(model, lambda index, tokens: tf.where(index + 1 == length, 1e4, -1e4))
+    return _EosLogit(model, lambda index, source_length, slot: tf.where(index + 1 == length, 1e4, -1e4))
 
 
 def _nonzero_lengths(tokens):
@@ -50,11 +56,10 @@ def _nonzero_lengths(tokens):
 
 
 def test_beam_size_one_is_greedy(rng):
-    # EOS wins or loses by far, on a pseudo-random pattern of row and step: hypotheses end at
-    # various steps, whatever the random model prefers. (With one beam, rows are sentences.)
-    def eos_logit(index, tokens):
-        rows = tf.cast(tf.range(tf.shape(tokens)[0]), tf.float32)
-        return tf.where(tf.sin(7.0 * rows + 3.0 * tf.cast(index, tf.float32)) > 0.6, 30.0, -30.0)
+    # EOS wins or loses by far, on a pseudo-random pattern of sentence and step: hypotheses end
+    # at various steps, whatever the random model prefers.
+    def eos_logit(index, source_length, slot):
+        return tf.where(tf.sin(7.0 * source_length + 3.0 * tf.cast(index, tf.float32)) > 0.6, 30.0, -30.0)
 
     model = _EosLogit(_model(30, seed=4), eos_logit)
     sources = _sources(rng, [5, 3, 6, 1, 8, 4], 30)
@@ -130,9 +135,8 @@ def test_beam_search_over_a_vocabulary_in_chunks_equals_it_with_a_plain_top_k(rn
 def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
     """Without `return_all` a sentence stops once nothing alive can beat its best finished
     hypothesis, sooner than once nothing can beat its k-th: the best is the same."""
-    def eos_logit(index, tokens):  # hypotheses end at various steps
-        rows = tf.cast(tf.range(tf.shape(tokens)[0]), tf.float32)
-        return 4.0 * tf.sin(5.0 * rows + 2.0 * tf.cast(index, tf.float32))
+    def eos_logit(index, source_length, slot):  # hypotheses end at various steps
+        return 4.0 * tf.sin(5.0 * source_length + 1.3 * slot + 2.0 * tf.cast(index, tf.float32))
 
     model = _EosLogit(_model(30, seed=12), eos_logit)
     sources = _sources(rng, [6, 2, 9, 4, 7], 30)
@@ -141,6 +145,22 @@ def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
         every = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10, return_all=True)
         np.testing.assert_array_equal(best.tokens, every.tokens[:, 0])
         np.testing.assert_allclose(best.scores, every.scores[:, 0], rtol=1e-6)
+
+
+def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(rng):
+    model = _model(30, seed=7)
+    rows = []
+
+    class Counting(_EosLogit):
+        def decode_step(self, token_ids, index, cache, source_mask):
+            rows.append(int(token_ids.shape[0]))
+            return super().decode_step(token_ids, index, cache, source_mask)
+
+    never_ends = Counting(model, lambda index, source_length, slot: -1e4)
+    sources = _sources(rng, [2, 9], 30)  # length limits 3 and 10
+    result = beam_search(never_ends, sources, beam_size=3, max_extra_length=1)  # eager: a Python loop
+    assert rows == [6] * 3 + [3] * 7
+    assert list(_nonzero_lengths(result.tokens)) == [3, 10]
 
 
 def test_a_sentence_alone_equals_it_in_a_batch(rng):
