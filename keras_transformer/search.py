@@ -255,11 +255,9 @@ def beam_search(
         active = state.active
         if drop_done:
             active = ops.cast(ops.nonzero(~done)[0], "int32")
-            # Cache rows and sentences are numbered among those decoded this step.
-            row_position = ops.scatter(decoded[:, None], ops.arange(ops.shape(decoded)[0], dtype="int32"), (batch * k,))
-            kept_rows = ops.take(row_position, ops.take(parent_rows, rows_of(active)))
-            sentence_position = ops.scatter(state.active[:, None], ops.arange(ops.shape(state.active)[0], dtype="int32"), (batch,))
-            cache = model.reorder_cache(cache, kept_rows, ops.take(sentence_position, active))
+            # The cache holds the rows and sentences decoded this step: number the kept ones among those.
+            kept_rows = ops.take(_positions(decoded, batch * k), ops.take(parent_rows, rows_of(active)))
+            cache = model.reorder_cache(cache, kept_rows, ops.take(_positions(state.active, batch), active))
         else:
             cache = model.reorder_cache(cache, parent_rows)
         return BeamState(
@@ -360,6 +358,11 @@ def _top_k(values, k):
     best, position = ops.top_k(ops.reshape(candidates, (-1, k * chunk)), k)
     chunk_of = ops.take_along_axis(best_chunks, position // chunk, axis=1)
     return best, chunk_of * chunk + position % chunk
+
+
+def _positions(indices, size):
+    """`[size]`: at each of `indices` (distinct ints below `size`), its position among them."""
+    return ops.scatter(indices[:, None], ops.arange(ops.shape(indices)[0], dtype="int32"), (size,))
 
 
 def _write_column(sequences, column, values):
