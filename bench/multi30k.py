@@ -9,7 +9,7 @@ the Multi30k repository's name), one sentence a line, raw cased text. The recipe
 is `training.train` with the `small` preset and --max-minutes, with dev BLEU on a val subset
 every few minutes for the learning curve; then the last 5 checkpoints are averaged, val is
 translated with the last and the averaged checkpoint, and test2016, once, with the averaged one
-(beam 4, alpha 0.6). Prints one JSON line: cased sacreBLEU on the raw text with its signature,
+(beam 4, alpha 0.6); with --probe, val only. Prints one JSON line: cased sacreBLEU on the raw text with its signature,
 chrF, and BLEU on lowercased text (13a tokenization, as papers report it), for val and test2016;
 steps, training and wall time; the learning curve's PNG (`training.learning_curve`).
 Rerunning with the same --run-dir resumes; the budget counts the training time of every run.
@@ -67,7 +67,9 @@ def test_split(data_dir):
     return test
 
 
-def run(data_dir, run_dir, extra_flags=()):
+def run(data_dir, run_dir, extra_flags=(), probe=False):
+    """Trains, averages and scores the recipe (with `extra_flags` after it); a `probe` scores
+    val only and leaves test2016 unread (for choosing a recipe)."""
     start = time.perf_counter()
     flags = ["--run-dir", run_dir, "--dataset", data_dir, "--test-split", test_split(data_dir), *RECIPE, *extra_flags]
     args = train.parse_args(flags)
@@ -82,19 +84,23 @@ def run(data_dir, run_dir, extra_flags=()):
     averaged_model, checkpoint = folder.load_model()
     dev = evaluate.evaluate(averaged_model, tokenizer, corpus, "dev", settings,
                             output_path=os.path.join(run_dir, "translations.dev.txt"))  # fmt: skip
-    test = evaluate.evaluate(averaged_model, tokenizer, corpus, "test", settings,
-                             output_path=os.path.join(run_dir, "translations.test.txt"))  # fmt: skip
-    test.update(evaluate.prefixed(dev, "dev"), dev_bleu_last_checkpoint=last["bleu"], checkpoint=checkpoint,
-                steps=trained["steps"], train_seconds=trained["train_seconds"])  # fmt: skip
-    folder.update_metrics(test)
+    metrics = {**evaluate.prefixed(dev, "dev"), "dev_bleu_last_checkpoint": last["bleu"], "checkpoint": checkpoint,
+               "steps": trained["steps"], "train_seconds": trained["train_seconds"]}  # fmt: skip
     scores = ("bleu", "signature", "chrf", "chrf_signature", "bleu_lowercase", "bleu_lowercase_signature")
+    record = {"benchmark": "multi30k_probe" if probe else "multi30k"}
+    if not probe:
+        test = evaluate.evaluate(averaged_model, tokenizer, corpus, "test", settings,
+                                 output_path=os.path.join(run_dir, "translations.test.txt"))  # fmt: skip
+        metrics.update(test)
+        record.update({"test_set": "multi30k test2016 en-de", **{name: test[name] for name in scores}})
+    folder.update_metrics(metrics)
     emit(
         {
-            "benchmark": "multi30k",
-            "test_set": "multi30k test2016 en-de",
-            **{name: test[name] for name in (*scores, "beam_size", "alpha")},
+            **record,
             **{f"dev_{name}": dev[name] for name in ("bleu", "chrf", "bleu_lowercase")},
             "dev_bleu_last_checkpoint": last["bleu"],
+            "beam_size": settings.beam_size,
+            "alpha": settings.alpha,
             "averaged_checkpoints": len(averaged_paths),
             "steps": trained["steps"],
             "train_seconds": trained["train_seconds"],
@@ -112,15 +118,17 @@ def main():
     parser.add_argument("--data", help="the Multi30k folder (here: ../shared/data/multi30k)")
     parser.add_argument("--run-dir", help="the run folder (default: runs/multi30k; with --smoke: a temporary one)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on tiny synthetic data, in seconds")
+    parser.add_argument("--probe", action="store_true", help="score val only, leaving test2016 unread: for "
+                        "short runs that compare settings (e.g. --probe --max-minutes 20 --dropout 0.3)")
     args, extra_flags = parser.parse_known_args()  # the rest goes to training.train (e.g. --max-minutes 30)
     if args.smoke:
         with tempfile.TemporaryDirectory() as scratch:
             write_smoke_data(scratch)
-            run(scratch, args.run_dir or os.path.join(scratch, "run"), SMOKE + extra_flags)
+            run(scratch, args.run_dir or os.path.join(scratch, "run"), SMOKE + extra_flags, args.probe)
         return
     if not args.data:
         parser.error("--data is required (a folder with train.en, train.de, val.*, test2016.*), or --smoke")
-    run(args.data, args.run_dir or "runs/multi30k", extra_flags)
+    run(args.data, args.run_dir or "runs/multi30k", extra_flags, args.probe)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,16 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path):
         assert "lc" in metrics["bleu_lowercase_signature"] and "mixed" in metrics["signature"]
     if module == "bench.train_throughput":  # every backend's row, in one run
         assert {(r["backend"], r["xla"]) for r in records} >= {("tensorflow", False), ("tensorflow", True), ("jax", True)}
+
+
+@pytest.mark.slow
+def test_a_multi30k_probe_scores_val_and_leaves_the_test_split_unread(tmp_path):
+    output = subprocess.run(
+        [sys.executable, "-m", "bench.multi30k", "--smoke", "--probe", "--run-dir", str(tmp_path / "run")],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout  # fmt: skip
+    record = json.loads([line for line in output.splitlines() if line.startswith("{")][0])
+    assert record["benchmark"] == "multi30k_probe" and "dev_bleu" in record and "bleu" not in record
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert "dev_bleu" in metrics and "bleu" not in metrics and "sentences" not in metrics
+    assert not (tmp_path / "run" / "translations.test.txt").exists()
