@@ -9,9 +9,10 @@ the Multi30k repository's name), one sentence a line, raw cased text. The recipe
 is `training.train` with the `small` preset and --max-minutes, with dev BLEU on a val subset
 every few minutes for the learning curve; then the last 5 checkpoints are averaged, val is
 translated with the last and the averaged checkpoint, and test2016, once, with the averaged one
-(beam 4, alpha 0.6); with --probe, val only. Prints one JSON line: cased sacreBLEU on the raw text with its signature,
-chrF, and BLEU on lowercased text (13a tokenization, as papers report it), for val and test2016;
-steps, training and wall time; the learning curve's PNG (`training.learning_curve`).
+(beam 4, alpha 0.6); with --probe, val only. Prints one JSON line: cased sacreBLEU on the raw
+text with its signature, chrF, and BLEU on lowercased text (13a tokenization, as papers report
+it), for val and test2016; steps, training and wall time; the learning curve's PNG
+(`training.learning_curve`).
 Rerunning with the same --run-dir resumes; the budget counts the training time of every run.
 """
 
