@@ -9,13 +9,16 @@ Random weights; EOS is never produced (`eos_id=-1`; CTranslate2: `min_decoding_l
 source has `--length` tokens with `max_extra_length=0`, so every run generates exactly
 `--length` tokens per sentence and the runs compare. `gen_tokens_per_s` counts the output tokens
 of the sentences (batch x length), not the hypotheses inside the beam. Each measurement runs in
-its own process (its own peak memory); the last line gives every row's ratio to CTranslate2 with
-the same beam size, measured in this run. The CTranslate2 rows first check that its greedy
-search, on our weights, gives our tokens and log-probabilities.
+its own process (its own peak memory). CTranslate2's speed drifts by up to 30% from one minute
+to the next on a shared machine, so the rows run in --rounds interleaved rounds (in reverse order
+every other round); the last line gives every row's median ratio to CTranslate2 with the same
+beam size over the rounds, and its lowest and highest. The CTranslate2 rows first check that its
+greedy search, on our weights, gives our tokens and log-probabilities.
 """
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 
@@ -32,10 +35,10 @@ from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E40
 from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
 from keras_transformer.search import beam_search, greedy_search  # noqa: E402
 
-# (mode, beam size, XLA) in the order measured.
-ROWS = [("cached", 1, False), ("cached", 1, True), ("cached", 4, False), ("cached", 4, True),
-        ("ctranslate2", 1, False), ("ctranslate2", 4, False),
-        ("full_recompute", 1, False), ("full_recompute", 1, True)]  # fmt: skip
+# (mode, beam size, XLA): the rows of every round, then those measured once, for context.
+ROWS = [("cached", 1, False), ("cached", 1, True), ("ctranslate2", 1, False),
+        ("cached", 4, False), ("cached", 4, True), ("ctranslate2", 4, False)]  # fmt: skip
+CONTEXT_ROWS = [("full_recompute", 1, False), ("full_recompute", 1, True)]
 
 
 def full_recompute_greedy(model, source_ids, steps):
@@ -130,6 +133,7 @@ def main():
     parser.add_argument("--d-ff", type=int, default=1024)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every row (medians are reported)")
     parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA (e.g. cached:4:1); the default runs all, "
                         "each in its own process so that peak memory is its own")
     args = parser.parse_args()
@@ -139,19 +143,34 @@ def main():
         mode, beam_size, xla = args.only.split(":")
         measure(mode, int(beam_size), bool(int(xla)), args)
         return
-    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("smoke", "only")]
-    records = []
-    for mode, beam_size, xla in ROWS:
-        if args.smoke:
+    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("smoke", "only", "rounds")]
+    if args.smoke:
+        for mode, beam_size, xla in ROWS + CONTEXT_ROWS:
             measure(mode, beam_size, xla, args)
-        else:
-            records += run_isolated("bench.decode", [*passed, f"--only={mode}:{beam_size}:{int(xla)}"])
-    reference = {r["beam_size"]: r["gen_tokens_per_s"] for r in records if r["mode"] == "ctranslate2"}
-    if reference:
-        emit({"benchmark": "decode_vs_ctranslate2", **{
-            f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}": round(r["gen_tokens_per_s"] / reference[r["beam_size"]], 2)
-            for r in records if r["beam_size"] in reference and r["mode"] != "ctranslate2"
-        }})  # fmt: skip
+        return
+    rounds = []
+    for index in range(args.rounds):
+        rows = ROWS if index % 2 == 0 else ROWS[::-1]
+        rounds.append([record for row in rows for record in _run(row, passed)])
+    for row in CONTEXT_ROWS:
+        _run(row, passed)
+    ratios = {}  # row name -> its ratio to CTranslate2 in each round
+    for records in rounds:
+        reference = {r["beam_size"]: r["gen_tokens_per_s"] for r in records if r["mode"] == "ctranslate2"}
+        for r in records:
+            if r["beam_size"] in reference and r["mode"] != "ctranslate2":
+                name = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}"
+                ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / reference[r["beam_size"]])
+    if ratios:
+        summary = {name: round(statistics.median(values), 2) for name, values in ratios.items()}
+        summary.update({f"{name}_range": [round(min(v), 2), round(max(v), 2)] for name, v in ratios.items()})
+        emit({"benchmark": "decode_vs_ctranslate2", "rounds": args.rounds, **summary})
+
+
+def _run(row, passed):
+    """Measures one row in its own process (its own peak memory); returns its records."""
+    mode, beam_size, xla = row
+    return run_isolated("bench.decode", [*passed, f"--only={mode}:{beam_size}:{int(xla)}"])
 
 
 if __name__ == "__main__":

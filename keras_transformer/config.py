@@ -47,6 +47,7 @@ class TransformerConfig:
         d_ff: inner width of the position-wise feed-forward network (section 3.3).
         dropout: P_drop, on every sub-layer output and on embedding + position sums (section 5.4).
         attention_dropout: dropout on the attention weights (0 in the paper).
+        relu_dropout: dropout on the feed-forward network's inner activations (0 in the paper).
         positional_encoding: "sinusoidal" (section 3.5) or "learned" (Table 3 row E).
         max_length: the longest sequence in tokens: the rows of a learned position table, and
             the length sources are cut to at serving time.
@@ -59,6 +60,7 @@ class TransformerConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    relu_dropout: float = 0.0
     positional_encoding: str = "sinusoidal"
     max_length: int = 256
 
@@ -72,7 +74,7 @@ class TransformerConfig:
                 f"TransformerConfig.d_model={self.d_model} is not divisible by "
                 f"num_heads={self.num_heads}: each head needs d_model / num_heads dimensions."
             )
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "relu_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {value!r}.")

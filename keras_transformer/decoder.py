@@ -53,6 +53,7 @@ class DecoderLayer(ResidualLayer):
         d_ff: inner width of the feed-forward network.
         dropout: P_drop on each sub-layer's output.
         attention_dropout: dropout on the attention weights.
+        relu_dropout: dropout on the feed-forward network's inner activations.
 
     Call arguments:
         inputs: `[batch, target_len, d_model]` (target_len 1 when decoding with a cache).
@@ -76,8 +77,8 @@ class DecoderLayer(ResidualLayer):
     (2, 10, 512)
     """
 
-    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
-        super().__init__(num_heads, d_ff, dropout, attention_dropout, **kwargs)
+    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
+        super().__init__(num_heads, d_ff, dropout, attention_dropout, relu_dropout, **kwargs)
         self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
         self.cross_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
         self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
@@ -146,7 +147,7 @@ class DecoderLayer(ResidualLayer):
             x = self.residual(self.self_attention_norm, x, attended, training)
             attended = self._attend_to_source(x, cache, source_mask, training)
             x = self.residual(self.cross_attention_norm, x, attended, training)
-            return self.residual(self.feed_forward_norm, x, self.feed_forward(x), training), cache
+            return self.residual(self.feed_forward_norm, x, self.feed_forward(x, training=training), training), cache
 
         attended = self.self_attention(x, x, use_causal_mask=True, training=training)
         x = self.residual(self.self_attention_norm, x, attended, training)
@@ -154,7 +155,7 @@ class DecoderLayer(ResidualLayer):
             x, encoder_output, attention_mask=source_mask, return_attention_scores=True, training=training
         )
         x = self.residual(self.cross_attention_norm, x, attended, training)
-        x = self.residual(self.feed_forward_norm, x, self.feed_forward(x), training)
+        x = self.residual(self.feed_forward_norm, x, self.feed_forward(x, training=training), training)
         return (x, weights) if return_attention_scores else x
 
 
@@ -164,7 +165,7 @@ class Decoder(Stack):
 
     Args:
         num_layers: N.
-        num_heads, d_ff, dropout, attention_dropout: as for `DecoderLayer`.
+        num_heads, d_ff, dropout, attention_dropout, relu_dropout: as for `DecoderLayer`.
 
     Call arguments:
         inputs: embedded target with positions added, `[batch, target_len, d_model]`.

@@ -16,6 +16,7 @@ class EncoderLayer(ResidualLayer):
         d_ff: inner width of the feed-forward network.
         dropout: P_drop on each sub-layer's output.
         attention_dropout: dropout on the attention weights.
+        relu_dropout: dropout on the feed-forward network's inner activations.
 
     Call arguments:
         inputs: `[batch, source_len, d_model]`.
@@ -31,8 +32,8 @@ class EncoderLayer(ResidualLayer):
     (2, 10, 512)
     """
 
-    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
-        super().__init__(num_heads, d_ff, dropout, attention_dropout, **kwargs)
+    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
+        super().__init__(num_heads, d_ff, dropout, attention_dropout, relu_dropout, **kwargs)
         self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
         self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
 
@@ -45,7 +46,7 @@ class EncoderLayer(ResidualLayer):
         x = inputs
         attended = self.self_attention(x, x, attention_mask=padding_mask, training=training)
         x = self.residual(self.self_attention_norm, x, attended, training)
-        return self.residual(self.feed_forward_norm, x, self.feed_forward(x), training)
+        return self.residual(self.feed_forward_norm, x, self.feed_forward(x, training=training), training)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -54,7 +55,7 @@ class Encoder(Stack):
 
     Args:
         num_layers: N.
-        num_heads, d_ff, dropout, attention_dropout: as for `EncoderLayer`.
+        num_heads, d_ff, dropout, attention_dropout, relu_dropout: as for `EncoderLayer`.
 
     Call arguments:
         inputs: embedded source with positions added, `[batch, source_len, d_model]`.

@@ -11,10 +11,13 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     Args:
         d_ff: the inner width (2048 in the base model).
+        dropout: dropout on the inner activations `max(0, x W_1 + b_1)` (0 in the paper; the
+            Tensor2Tensor code's "relu dropout").
         kernel_initializer: initializer of W_1 and W_2.
 
     Call arguments:
         inputs: `[batch, length, d_model]`.
+        training: whether dropout is on.
 
     Returns:
         `[batch, length, d_model]`.
@@ -25,9 +28,11 @@ class PositionwiseFeedForward(keras.layers.Layer):
     (2, 10, 512)
     """
 
-    def __init__(self, d_ff, kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, d_ff, dropout=0.0, kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         self.d_ff = d_ff
+        self.dropout = dropout
+        self.dropout_layer = keras.layers.Dropout(dropout)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.inner = keras.layers.Dense(
             d_ff, activation="relu", kernel_initializer=fresh_initializer(self.kernel_initializer), name="inner"
@@ -41,12 +46,13 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.inner.build(input_shape)
         self.outer.build((*input_shape[:-1], self.d_ff))
 
-    def call(self, inputs):
-        return self.outer(self.inner(inputs))
+    def call(self, inputs, training=None):
+        return self.outer(self.dropout_layer(self.inner(inputs), training=training))
 
     def get_config(self):
         return {
             **super().get_config(),
             "d_ff": self.d_ff,
+            "dropout": self.dropout,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
         }

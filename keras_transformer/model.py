@@ -64,6 +64,7 @@ class Transformer(keras.Model):
             d_ff=config.d_ff,
             dropout=config.dropout,
             attention_dropout=config.attention_dropout,
+            relu_dropout=config.relu_dropout,
         )
         self.encoder = Encoder(**stack, name="encoder")
         self.decoder = Decoder(**stack, name="decoder")

@@ -13,14 +13,15 @@ class ResidualLayer(keras.layers.Layer):
     """What encoder and decoder layers share: their settings, and the sub-layer pattern
     `LayerNorm(x + Dropout(Sublayer(x)))` (sections 3.1 and 5.4)."""
 
-    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout
         self.attention_dropout = attention_dropout
+        self.relu_dropout = relu_dropout
         self.dropout_layer = keras.layers.Dropout(dropout)
-        self.feed_forward = PositionwiseFeedForward(d_ff)
+        self.feed_forward = PositionwiseFeedForward(d_ff, dropout=relu_dropout)
 
     def attention(self, name, input_shape):
         """A built `MultiHeadAttention` with d_model / num_heads dimensions per head."""
@@ -41,6 +42,7 @@ class ResidualLayer(keras.layers.Layer):
             "d_ff": self.d_ff,
             "dropout": self.dropout,
             "attention_dropout": self.attention_dropout,
+            "relu_dropout": self.relu_dropout,
         }
 
 
@@ -50,16 +52,18 @@ class Stack(keras.layers.Layer):
 
     layer_class = None
 
-    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, **kwargs):
+    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout
         self.attention_dropout = attention_dropout
+        self.relu_dropout = relu_dropout
         self.input_dropout = keras.layers.Dropout(dropout)
         self.layers = [
-            self.layer_class(num_heads, d_ff, dropout, attention_dropout, name=f"layer_{i}") for i in range(num_layers)
+            self.layer_class(num_heads, d_ff, dropout, attention_dropout, relu_dropout, name=f"layer_{i}")
+            for i in range(num_layers)
         ]
         for index, layer in enumerate(self.layers):  # tf.train.Checkpoint sees attributes, not Keras' lists
             setattr(self, f"layer_{index}", layer)
@@ -76,4 +80,5 @@ class Stack(keras.layers.Layer):
             "d_ff": self.d_ff,
             "dropout": self.dropout,
             "attention_dropout": self.attention_dropout,
+            "relu_dropout": self.relu_dropout,
         }

@@ -26,3 +26,20 @@ def test_feed_forward_is_equation_2(rng):
     w1, b1, w2, b2 = layer.get_weights()
     assert w1.shape == (8, 32) and w2.shape == (32, 8)
     np.testing.assert_allclose(output, np.maximum(0, x @ w1 + b1) @ w2 + b2, rtol=1e-5, atol=1e-5)
+
+
+def test_feed_forward_dropout_drops_inner_activations_in_training_only(rng):
+    rate = 0.5
+    layer = PositionwiseFeedForward(d_ff=8, dropout=rate)
+    x = rng.normal(size=(4, 6, 8)).astype("float32")
+    layer(x)
+    w1, b1, _, _ = layer.get_weights()
+    layer.set_weights([w1, b1, np.eye(8, dtype="float32"), np.zeros(8, "float32")])  # W_2 = I shows the inner units
+    inner = np.maximum(0, x @ w1 + b1)
+    np.testing.assert_allclose(layer(x), inner, rtol=1e-5, atol=1e-6)
+    dropped = np.asarray(layer(x, training=True))
+    kept = np.isclose(dropped, inner / (1 - rate), rtol=1e-5, atol=1e-6)
+    zeroed = dropped == 0
+    assert np.all(kept | zeroed)
+    active = inner > 0
+    assert 0.3 < np.mean(zeroed[active]) < 0.7  # about `rate` of the active units are dropped

@@ -131,11 +131,11 @@ def test_mixed_precision_keeps_logits_in_float32(policy, rng):
 
 LAYERS = [
     (lambda: MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1), lambda x: (x, x)),
-    (lambda: PositionwiseFeedForward(d_ff=16), lambda x: (x,)),
+    (lambda: PositionwiseFeedForward(d_ff=16, dropout=0.1), lambda x: (x,)),
     (lambda: PositionalEncoding(max_length=9, learned=True), lambda x: (x,)),
     (lambda: EncoderLayer(num_heads=2, d_ff=16, dropout=0.2), lambda x: (x,)),
-    (lambda: Encoder(num_layers=2, num_heads=2, d_ff=16), lambda x: (x,)),
-    (lambda: DecoderLayer(num_heads=2, d_ff=16, attention_dropout=0.1), lambda x: (x, x)),
+    (lambda: Encoder(num_layers=2, num_heads=2, d_ff=16, relu_dropout=0.1), lambda x: (x,)),
+    (lambda: DecoderLayer(num_heads=2, d_ff=16, attention_dropout=0.1, relu_dropout=0.2), lambda x: (x, x)),
     (lambda: Decoder(num_layers=2, num_heads=2, d_ff=16), lambda x: (x, x)),
 ]
 

@@ -111,7 +111,7 @@ def test_bad_flags_are_named(capsys):
     assert parse_args(["--run-dir", "x", "--config", "base"]).batch_tokens == 25000
 
 
-def test_schedule_and_smoothing_flags_reach_the_optimizer_and_the_loss(tmp_path, monkeypatch):
+def test_schedule_smoothing_and_model_flags_reach_the_optimizer_the_loss_and_the_model(tmp_path, monkeypatch):
     import training.backends.tensorflow as tensorflow_backend
     import training.train as train_module
 
@@ -130,8 +130,15 @@ def test_schedule_and_smoothing_flags_reach_the_optimizer_and_the_loss(tmp_path,
     monkeypatch.setattr(train_module, "paper_optimizer", recording_optimizer)
     flags = ["--run-dir", str(tmp_path), "--steps", "3", "--steps-per-call", "3", "--batch-tokens", "256", "--max-length", "16",
              "--vocab-size", "200", "--no-evaluate", "--strategy", "cpu", "--warmup-steps", "7",
-             "--learning-rate-scale", "3.5", "--label-smoothing", "0.25"]  # fmt: skip
+             "--learning-rate-scale", "3.5", "--label-smoothing", "0.25", "--num-layers", "1", "--d-model", "48",
+             "--num-heads", "3", "--d-ff", "40", "--dropout", "0.2", "--attention-dropout", "0.05",
+             "--relu-dropout", "0.15"]  # fmt: skip
     model, _ = train_module.train(parse_args(flags))
+    shape = dict(num_layers=1, d_model=48, num_heads=3, d_ff=40, dropout=0.2, attention_dropout=0.05, relu_dropout=0.15)
+    assert {name: getattr(model.config, name) for name in shape} == shape
+    assert RunFolder(str(tmp_path)).config() == model.config
+    (layer,) = model.decoder.layers
+    assert (layer.feed_forward.dropout, layer.self_attention.dropout, layer.dropout) == (0.15, 0.05, 0.2)
     (optimizer,) = optimizers
     d_model = model.config.d_model
     # After 3 updates Keras evaluates the schedule at iterations = 3, that is step_num 4 (section 5.3).

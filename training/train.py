@@ -36,6 +36,14 @@ from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 
+# The model settings a flag can override on top of --config (TransformerConfig's fields).
+MODEL_FLAGS = [("num_layers", int, "N, layers in the encoder and in the decoder"), ("d_model", int, "d_model"),
+               ("num_heads", int, "h, attention heads"), ("d_ff", int, "feed-forward inner width"),
+               ("dropout", float, "P_drop (residual and embedding dropout)"),
+               ("attention_dropout", float, "dropout on the attention weights"),
+               ("relu_dropout", float, "dropout inside the feed-forward network")]  # fmt: skip
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
@@ -53,7 +61,8 @@ def parse_args(argv=None):
     add("--warmup-steps", type=int, help="section 5.3 warm-up (paper: 4000)")
     add("--learning-rate-scale", type=float, help="a factor on the section 5.3 learning rate (paper: 1)")
     add("--label-smoothing", type=float, default=0.1)
-    add("--dropout", type=float, help="override the config's P_drop")
+    for name, kind, text in MODEL_FLAGS:
+        add(f"--{name.replace('_', '-')}", type=kind, help=f"override the config's {text}")
     add("--vocab-size", type=int, help="SentencePiece vocabulary, an upper bound (paper: 37000)")
     add("--max-length", type=int, help="longest sentence in tokens; longer training pairs are dropped")
     add("--steps-per-call", type=int, default=50, help="training steps per host call (one compiled loop)")
@@ -117,7 +126,8 @@ def train(args, strategy=None):
     corpus = data.load_corpus(args.dataset, args.source_lang, args.target_lang, args.dev_split, args.test_split,
                               args.data_dir, args.seed)  # fmt: skip
     tokenizer = get_tokenizer(run, corpus, args.vocab_size, backend.is_chief)
-    overrides = {"max_length": args.max_length, **({"dropout": args.dropout} if args.dropout is not None else {})}
+    overrides = {name: getattr(args, name) for name, _, _ in MODEL_FLAGS if getattr(args, name) is not None}
+    overrides["max_length"] = args.max_length
     config = TransformerConfig.preset(args.config, tokenizer.vocab_size, **overrides)
     settings = {name: getattr(args, name) for name in vars(args)}
     settings.update(dataset=args.dataset, source_lang=corpus.source_lang, target_lang=corpus.target_lang)
