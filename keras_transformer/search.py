@@ -140,7 +140,7 @@ def greedy_search(
     def step(state):
         index, done = state.index, state.done
         logits, cache = model.decode_step(ops.take(state.tokens, index, axis=1), index, state.cache, source_mask)
-        best_log_prob, best_token = _best_tokens(logits, 1)
+        best_log_prob, best_token = _best_tokens(logits, 1, static_shapes)
         token = ops.where(done, PAD_ID, best_token[:, 0])
         return GreedyState(
             index=index + 1,
@@ -227,7 +227,7 @@ def beam_search(
         active_mask = ops.take(source_mask, state.active, axis=0)
         logits, cache = model.decode_step(token_ids, index, state.cache, active_mask)
         # A sentence's k best extensions are among the k best tokens of each of its hypotheses.
-        best_log_prob, best_token = _best_tokens(logits, per_row)  # [active * k, per_row]
+        best_log_prob, best_token = _best_tokens(logits, per_row, static_shapes)  # [active * k, per_row]
         if drop_done:  # back in every row: a done sentence's NEG_INF log P outweighs these zeros
             best_log_prob = ops.scatter(decoded[:, None], best_log_prob, (batch * k, per_row))
             best_token = ops.scatter(decoded[:, None], best_token, (batch * k, per_row))
@@ -333,31 +333,49 @@ def _length_limits(model, source_ids, max_extra_length, max_length):
     return ops.maximum(limit, 1), steps
 
 
-def _best_tokens(logits, n):
+def _best_tokens(logits, n, static_shapes):
     """The `n` most likely tokens of each row of `logits` `[rows, vocab]` and their
     log-probabilities, both `[rows, n]`. Only the normaliser is computed over the whole
     vocabulary, not every log-probability."""
-    best, tokens = _top_k(logits, n)
+    best, tokens = _top_k(logits, n, _top_k_by_argmax if static_shapes else ops.top_k)
     # log_softmax's way, relative to the row's maximum, stays exact for near-certain tokens.
     shifted = best - best[:, :1]
     log_normaliser = ops.log(ops.sum(ops.exp(logits - best[:, :1]), axis=-1, keepdims=True))
     return shifted - log_normaliser, ops.cast(tokens, "int32")
 
 
-def _top_k(values, k):
-    """`ops.top_k(values, k)` over `[rows, vocab]`, in two short passes where the vocabulary
-    splits into chunks of 32 to 128: the k best values lie in the k chunks with the best maxima.
-    On CPUs, TensorFlow's and XLA's top k of a long row cost several times one pass of maxima."""
+def _top_k(values, k, top_k):
+    """`top_k(values, k)` over `[rows, vocab]`, in two short passes over chunks of 32 to 128
+    entries (the vocabulary padded to whole chunks): the k best values lie in the k chunks with
+    the best maxima. On CPUs a top k of a long row costs several times one pass of maxima."""
     vocab = values.shape[-1]
-    chunk = next((size for size in range(32, 129) if vocab % size == 0), None)
-    if k == 1 or chunk is None or vocab < 4 * k * chunk:
-        return ops.top_k(values, k)
-    chunks = ops.reshape(values, (-1, vocab // chunk, chunk))
-    _, best_chunks = ops.top_k(ops.max(chunks, axis=-1), k)  # [rows, k]
+    if k == 1 or vocab < 4 * k * 32:
+        return top_k(values, k)
+    chunk = next((size for size in range(32, 129) if vocab % size == 0), 64)
+    padding = -vocab % chunk
+    if padding:
+        values = ops.pad(values, ((0, 0), (0, padding)), constant_values=float("-inf"))
+    chunks = ops.reshape(values, (-1, (vocab + padding) // chunk, chunk))
+    _, best_chunks = top_k(ops.max(chunks, axis=-1), k)  # [rows, k]
     candidates = ops.take_along_axis(chunks, best_chunks[:, :, None], axis=1)  # [rows, k, chunk]
-    best, position = ops.top_k(ops.reshape(candidates, (-1, k * chunk)), k)
+    best, position = top_k(ops.reshape(candidates, (-1, k * chunk)), k)
     chunk_of = ops.take_along_axis(best_chunks, position // chunk, axis=1)
     return best, chunk_of * chunk + position % chunk
+
+
+def _top_k_by_argmax(values, k):
+    """`ops.top_k(values, k)` over `[rows, n]` as k passes of argmax, each masking the value it
+    found, for XLA: its CPU top k sorts each row, 50x slower at beam search's small k (the
+    passes fuse); a sort past k = 16. Equal values come in index order, as from top_k."""
+    if k > 16:
+        return ops.top_k(values, k)
+    best, indices = [], []
+    for _ in range(k):
+        best.append(ops.max(values, axis=-1, keepdims=True))
+        indices.append(ops.argmax(values, axis=-1)[:, None])
+        if len(indices) < k:
+            values = ops.where(ops.arange(values.shape[-1]) == indices[-1], float("-inf"), values)
+    return ops.concatenate(best, axis=1), ops.cast(ops.concatenate(indices, axis=1), "int32")
 
 
 def _positions(indices, size):

@@ -113,21 +113,36 @@ def test_wide_beam_finds_the_exhaustive_best(vocab, beam_size, max_length, rng):
                 np.testing.assert_allclose(result.scores[row, rank], score, rtol=1e-4)
 
 
-@pytest.mark.parametrize("vocab, k", [(8000, 4), (37000, 5), (1024, 8), (7999, 4), (8000, 1)])
-def test_top_k_in_chunks_equals_a_full_sort(vocab, k, rng):
+# Chunks that divide the vocabulary; padded chunks (7999, 8003); no chunks (60, 5 and 100, 20:
+# with argmax passes, a sort for k > 16).
+@pytest.mark.parametrize("vocab, k", [(8000, 4), (37000, 5), (1024, 8), (7999, 4), (8003, 3), (8000, 1), (60, 5),
+                                      (100, 20)])  # fmt: skip
+@pytest.mark.parametrize("by_argmax", [False, True])
+def test_top_k_in_chunks_equals_a_full_sort(vocab, k, by_argmax, rng):
     values = rng.normal(size=(5, vocab)).astype("float32")
-    best, index = search_module._top_k(keras.ops.convert_to_tensor(values), k)
+    top_k = search_module._top_k_by_argmax if by_argmax else keras.ops.top_k
+    best, index = search_module._top_k(keras.ops.convert_to_tensor(values), k, top_k)
     expected = np.argsort(-values, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(index, expected)
     np.testing.assert_array_equal(best, np.take_along_axis(values, expected, axis=1))
 
 
-def test_beam_search_over_a_vocabulary_in_chunks_equals_it_with_a_plain_top_k(rng, monkeypatch):
+def test_top_k_by_argmax_puts_equal_values_in_index_order_as_top_k():
+    values = keras.ops.convert_to_tensor([[1.0, 3.0, 3.0, -2.0, 3.0, 0.0], [-1e9, -1e9, -1e9, -1e9, 5.0, -1e9]])
+    best, index = search_module._top_k_by_argmax(values, 4)
+    expected_best, expected_index = keras.ops.top_k(values, 4)
+    np.testing.assert_array_equal(index, [[1, 2, 4, 0], [4, 0, 1, 2]])
+    np.testing.assert_array_equal(index, expected_index)
+    np.testing.assert_array_equal(best, expected_best)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])  # the chunks' top k: TensorFlow's, argmax passes
+def test_beam_search_over_a_vocabulary_in_chunks_equals_it_with_a_plain_top_k(static_shapes, rng, monkeypatch):
     model = _model(512, seed=8)  # 512 tokens split into chunks: each hypothesis's best 4 from the best 4 chunks
     sources = _sources(rng, [5, 2, 7], 512)
-    chunked = beam_search(model, sources, max_extra_length=5, return_all=True)
-    monkeypatch.setattr(search_module, "_top_k", keras.ops.top_k)
-    plain = beam_search(model, sources, max_extra_length=5, return_all=True)
+    chunked = beam_search(model, sources, max_extra_length=5, return_all=True, static_shapes=static_shapes)
+    monkeypatch.setattr(search_module, "_top_k", lambda values, k, _: keras.ops.top_k(values, k))
+    plain = beam_search(model, sources, max_extra_length=5, return_all=True, static_shapes=static_shapes)
     np.testing.assert_array_equal(chunked.tokens, plain.tokens)
     np.testing.assert_allclose(chunked.scores, plain.scores, rtol=1e-6)
 
