@@ -347,7 +347,8 @@ def _best_tokens(logits, n, static_shapes):
 def _top_k(values, k, top_k):
     """`top_k(values, k)` over `[rows, vocab]`, in two short passes over chunks of 32 to 128
     entries (the vocabulary padded to whole chunks): the k best values lie in the k chunks with
-    the best maxima. On CPUs a top k of a long row costs several times one pass of maxima."""
+    the best maxima. On CPUs a top k of a long row costs several times one pass of maxima.
+    `top_k` finds the top k of the short rows: `ops.top_k`, or `_top_k_by_argmax` for XLA."""
     vocab = values.shape[-1]
     if k == 1 or vocab < 4 * k * 32:
         return top_k(values, k)
