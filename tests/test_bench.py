@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from bench import multi30k
 from training import learning_curve
 
 REQUIRED = {
@@ -39,6 +40,16 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path):
         assert {key: metrics[key] for key in ("bleu_lowercase", "dev_bleu", "dev_bleu_lowercase")} == {
             key: records[0][key] for key in ("bleu_lowercase", "dev_bleu", "dev_bleu_lowercase")}
         assert "lc" in metrics["bleu_lowercase_signature"] and "mixed" in metrics["signature"]
+        # Val chose the checkpoint at the paper's decoding, then the beam size and alpha for it.
+        tried = metrics["dev_tried"]
+        assert [(row["checkpoint"], row["beam_size"], row["alpha"]) for row in tried[:2]] == [
+            ("averaged", 4, 0.6), ("last", 4, 0.6)]
+        assert [(row["beam_size"], row["alpha"]) for row in tried[2:]] == list(multi30k.DECODING_GRID)
+        assert {row["checkpoint"] for row in tried[2:]} == {metrics["dev_checkpoint"]}
+        best = max(tried, key=lambda row: row["bleu"])
+        assert (metrics["dev_bleu"], metrics["beam_size"], metrics["alpha"]) == (best["bleu"], best["beam_size"], best["alpha"])
+        assert records[0]["dev_bleu_last_checkpoint"] == tried[1]["bleu"]
+        assert sorted(p.name for p in (tmp_path / "run").glob("translations.*")) == ["translations.dev.txt", "translations.test.txt"]
     if module == "bench.train_throughput":  # every backend's row, in one run
         assert {(r["backend"], r["xla"]) for r in records} >= {("tensorflow", False), ("tensorflow", True), ("jax", True)}
 

@@ -11,6 +11,8 @@ def test_presets_hold_the_paper_values():
     assert TransformerConfig.preset("tiny", 100, num_layers=1).num_layers == 1
     small = TransformerConfig.preset("small", 8000)  # the benchmarks' small config (bench/README.md)
     assert (small.num_layers, small.d_model, small.d_ff, small.num_heads) == (3, 256, 1024, 4)
+    narrow = TransformerConfig.preset("multi30k", 8000)  # bench.multi30k's recipe (bench/README.md)
+    assert (narrow.num_layers, narrow.d_model, narrow.d_ff, narrow.num_heads, narrow.dropout) == (4, 128, 512, 4, 0.3)
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def test_a_run_folder_holding_a_different_run_is_refused(tmp_path):
 def test_bad_flags_are_named(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--run-dir", "x", "--config", "huge"])
-    assert "--config 'huge': choose tiny, small, base, big" in capsys.readouterr().err
+    assert "--config 'huge': choose tiny, small, multi30k, base, big" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--run-dir", "x", "--steps", "0"])
     assert "--steps must be positive, got 0" in capsys.readouterr().err
