@@ -10,10 +10,9 @@ is `training.train` with the `multi30k` preset and --max-minutes, with dev BLEU 
 every few minutes for the learning curve; then the last 5 checkpoints are averaged. Val chooses
 what translates test2016: the averaged or the last checkpoint (beam 4, alpha 0.6), then beam
 size and alpha (DECODING_GRID). test2016 is translated once, with the choice; with --probe,
-not at all. Prints one JSON line: cased sacreBLEU on the raw
-text with its signature, chrF, and BLEU on lowercased text (13a tokenization, as papers report
-it), for val and test2016; steps, training and wall time; the learning curve's PNG
-(`training.learning_curve`).
+not at all. Prints one JSON line: cased sacreBLEU on the raw text with its signature, chrF, and
+BLEU on lowercased text (13a tokenization, as papers report it), for val and test2016; steps,
+training and wall time; the learning curve's PNG (`training.learning_curve`).
 Rerunning with the same --run-dir resumes; the budget counts the training time of every run.
 """
 
