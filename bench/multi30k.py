@@ -10,7 +10,7 @@ is `training.train` with the `multi30k` preset and --max-minutes, with dev BLEU 
 every few minutes for the learning curve; then the last 5 checkpoints are averaged. Val chooses
 what translates test2016: the averaged or the last checkpoint (beam 4, alpha 0.6), then beam
 size and alpha (DECODING_GRID). test2016 is translated once, with the choice; with --probe,
-not at all. Prints one JSON line: cased sacreBLEU on the raw text with its signature, chrF, and
+not at all, and val only with the paper's beam 4 and alpha 0.6. Prints one JSON line: cased sacreBLEU on the raw text with its signature, chrF, and
 BLEU on lowercased text (13a tokenization, as papers report it), for val and test2016; steps,
 training and wall time; the learning curve's PNG (`training.learning_curve`).
 Rerunning with the same --run-dir resumes; the budget counts the training time of every run.
@@ -86,7 +86,8 @@ def run(data_dir, run_dir, extra_flags=(), probe=False):
     last_path = tf.train.latest_checkpoint(folder.checkpoint_dir)
     (averaged_model, averaged_path), (last_model, _) = folder.load_model(), folder.load_model(last_path)
     models = {"averaged": averaged_model, "last": last_model}
-    dev, tried = choose_on_val(models, tokenizer, corpus, DecodingSettings(args.beam_size, args.alpha), run_dir)
+    grid = () if probe else DECODING_GRID  # probes compare recipes at the paper's decoding
+    dev, tried = choose_on_val(models, tokenizer, corpus, DecodingSettings(args.beam_size, args.alpha), grid, run_dir)
     model, settings = models[dev["checkpoint"]], DecodingSettings(dev["beam_size"], dev["alpha"])
     metrics = {
         **evaluate.prefixed(dev, "dev"),
@@ -123,10 +124,10 @@ def run(data_dir, run_dir, extra_flags=(), probe=False):
     )
 
 
-def choose_on_val(models, tokenizer, corpus, default, run_dir):
+def choose_on_val(models, tokenizer, corpus, default, grid, run_dir):
     """What test2016 is translated with, chosen on val only: of `models` (name -> model, the
     first winning ties), the one that translates val best with the `default` settings; then,
-    for it, the best of `default` and DECODING_GRID's beam sizes and alphas. Returns the val
+    for it, the best of `default` and the `grid`'s (beam size, alpha) pairs. Returns the val
     metrics of the choice (with its "checkpoint" name) and of every try, in order; the choice's
     translations are left in translations.dev.txt."""
     tried = []
@@ -139,7 +140,7 @@ def choose_on_val(models, tokenizer, corpus, default, run_dir):
     for name in models:
         translate_val(name, default)
     chosen = max(tried, key=lambda row: row["bleu"])["checkpoint"]
-    for beam_size, alpha in DECODING_GRID:
+    for beam_size, alpha in grid:
         if (beam_size, alpha) != (default.beam_size, default.alpha):
             translate_val(chosen, DecodingSettings(beam_size, alpha, default.max_extra_length))
     best = max(tried, key=lambda row: row["bleu"])

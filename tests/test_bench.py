@@ -65,3 +65,17 @@ def test_a_multi30k_probe_scores_val_and_leaves_the_test_split_unread(tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert "dev_bleu" in metrics and "bleu" not in metrics and "sentences" not in metrics
     assert not (tmp_path / "run" / "translations.test.txt").exists()
+    assert [row["checkpoint"] for row in metrics["dev_tried"]] == ["averaged", "last"]  # no decoding grid
+
+
+def test_multi30k_names_the_missing_files_and_takes_the_repositorys_test_name(tmp_path):
+    for name in ("train.en", "train.de", "val.en", "test_2016_flickr.en", "test_2016_flickr.de"):
+        (tmp_path / name).write_text("A dog.\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=rf"--data {tmp_path} lacks val\.de \(Multi30k's file names; the test "
+                                         r"split may be test2016 or test_2016_flickr\)"):  # fmt: skip
+        multi30k.test_split(str(tmp_path))
+    (tmp_path / "val.de").write_text("Ein Hund.\n", encoding="utf-8")
+    assert multi30k.test_split(str(tmp_path)) == "test_2016_flickr"
+    (tmp_path / "train.de").unlink()
+    with pytest.raises(SystemExit, match="lacks train.de"):
+        multi30k.test_split(str(tmp_path))
