@@ -10,9 +10,10 @@ is `training.train` with the `multi30k` preset and --max-minutes, with dev BLEU 
 every few minutes for the learning curve; then the last 5 checkpoints are averaged. Val chooses
 what translates test2016: the averaged or the last checkpoint (beam 4, alpha 0.6), then beam
 size and alpha (DECODING_GRID). test2016 is translated once, with the choice; with --probe,
-not at all, and val only with the paper's beam 4 and alpha 0.6. Prints one JSON line: cased sacreBLEU on the raw text with its signature, chrF, and
-BLEU on lowercased text (13a tokenization, as papers report it), for val and test2016; steps,
-training and wall time; the learning curve's PNG (`training.learning_curve`).
+not at all, and val only with the paper's beam 4 and alpha 0.6. Prints one JSON line: cased
+sacreBLEU on the raw text with its signature, chrF, and BLEU on lowercased text (13a
+tokenization, as papers report it), for val and test2016; steps, training and wall time; the
+learning curve's PNG (`training.learning_curve`).
 Rerunning with the same --run-dir resumes; the budget counts the training time of every run.
 """
 
@@ -157,7 +158,7 @@ def main():
     parser.add_argument("--data", help="the Multi30k folder (here: ../shared/data/multi30k)")
     parser.add_argument("--run-dir", help="the run folder (default: runs/multi30k; with --smoke: a temporary one)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on tiny synthetic data, in seconds")
-    parser.add_argument("--probe", action="store_true", help="score val only, leaving test2016 unread: for "
+    parser.add_argument("--probe", action="store_true", help="score val only (beam 4, alpha 0.6), leaving test2016 unread: for "
                         "short runs that compare settings (e.g. --probe --max-minutes 20 --dropout 0.3)")
     args, extra_flags = parser.parse_known_args()  # the rest goes to training.train (e.g. --max-minutes 30)
     if args.smoke:
