@@ -15,9 +15,10 @@ from keras_transformer.residual import LAYER_NORM_EPSILON, ResidualLayer, Stack
 class LayerCache(collections.namedtuple("LayerCache", ["self_key", "self_value", "cross_key", "cross_value"])):
     """One decoder layer's cache, growing: each step appends its position's keys and values.
 
-    self_key, self_value: `[hypotheses, num_heads, decoded_len, key_dim]`, one row per output
-        being decoded (`batch * hypotheses_per_sentence`, a sentence's hypotheses in adjacent
-        rows).
+    self_key, self_value: `[batch, num_heads, decoded_len * hypotheses, key_dim]`, position s of
+        slot i at `s * hypotheses + i`: what the sentence's hypothesis i computed at step s; a
+        hypothesis that beam search keeps may descend from another slot, and `DecoderCache.origin`
+        says which slots hold its past. So no step moves these keys and values between slots.
     cross_key, cross_value: `[batch, num_heads, source_len, key_dim]`, the encoder output
         projected once per sentence and shared by its hypotheses.
 
@@ -37,6 +38,17 @@ class StaticLayerCache(LayerCache):
     __slots__ = ()
 
 
+DecoderCache = collections.namedtuple("DecoderCache", ["layers", "origin"])
+DecoderCache.__doc__ = """The decoder's cache: one `LayerCache` per layer, and where each hypothesis's past is.
+
+origin: int32 `[batch, hypotheses, cache_len]`: position s of hypothesis i of a sentence is in
+    slot `origin[b, i, s]` of every layer's self-attention cache. Beam search reorders only this
+    (`Decoder.reorder_cache`), not the keys and values: each hypothesis attends to its own past
+    among all of its sentence's slots, which costs `hypotheses` times the attention scores but
+    no copy of the cache (in the manner of FasterTransformer's cache indirection).
+"""
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class DecoderLayer(ResidualLayer):
     """Masked self-attention, encoder-decoder attention, then the feed-forward network, each as
@@ -46,7 +58,8 @@ class DecoderLayer(ResidualLayer):
     Decoding passes one position per output and a `cache` (`init_cache`): the keys and values of
     earlier positions, and the encoder output projected once for the encoder-decoder attention.
     The hypotheses of one sentence share that projection: their queries are attended together,
-    as one sentence's several positions.
+    as one sentence's several positions; so are they in self-attention, over the slots of the
+    sentence's cache (`LayerCache`).
 
     Args:
         num_heads: attention heads; each has d_model / num_heads dimensions.
@@ -62,6 +75,10 @@ class DecoderLayer(ResidualLayer):
             one row per sentence).
         cache: a `LayerCache` from `init_cache`, for decoding.
         cache_index: the position of `inputs` in the target, a scalar (with `cache`).
+        cache_visibility: boolean `[batch, hypotheses, cache_len * hypotheses]` (with `cache`):
+            True where a hypothesis may attend to a cached position of its sentence's slots
+            (after this step's write); its second axis gives the hypotheses per sentence. None
+            is one hypothesis per sentence that sees every cached position.
         return_attention_scores: also return the encoder-decoder attention weights
             `[batch, num_heads, target_len, source_len]` (without a cache).
         training: whether dropout is on.
@@ -93,42 +110,41 @@ class DecoderLayer(ResidualLayer):
         """An empty cache for decoding `hypotheses` outputs per sentence of `encoder_output`
         `[batch, source_len, d_model]`: a `LayerCache`, or with `max_length` a
         `StaticLayerCache` of that many positions."""
-        rows = ops.shape(encoder_output)[0] * hypotheses
-        shape = (rows, self.num_heads, max_length or 0, self.self_attention.key_dim)
+        batch = ops.shape(encoder_output)[0]
+        shape = (batch, self.num_heads, (max_length or 0) * hypotheses, self.self_attention.key_dim)
         cross_key, cross_value = self.cross_attention.compute_key_value(encoder_output)
         empty = ops.zeros(shape, encoder_output.dtype)
         return (LayerCache if max_length is None else StaticLayerCache)(empty, empty, cross_key, cross_value)
 
-    def _attend_to_cache(self, x, cache, cache_index, training):
-        """Self-attention of one new position `x` `[rows, 1, d_model]` to itself and the cache."""
-        key, value = self.self_attention.compute_key_value(x)  # [rows, heads, 1, key_dim]
+    def _attend_to_cache(self, x, cache, cache_index, cache_visibility, training):
+        """Self-attention of one new position `x` `[batch * n, 1, d_model]` (n hypotheses per
+        sentence) to itself and the cache: the n queries of a sentence go together, over all
+        of its slots, `cache_visibility` choosing each one's past."""
+        key, value = self.self_attention.compute_key_value(x)  # [batch * n, heads, 1, key_dim]
+        n = 1 if cache_visibility is None else cache_visibility.shape[1]
+        if n > 1:  # -> [batch, heads, n, key_dim]: this position of a sentence's n slots
+            shape = (-1, n, self.num_heads, self.self_attention.key_dim)
+            key, value = (ops.transpose(ops.reshape(t, shape), (0, 2, 1, 3)) for t in (key, value))
         if isinstance(cache, StaticLayerCache):
-            start = (0, 0, cache_index, 0)
-            cache = cache._replace(
-                self_key=ops.slice_update(cache.self_key, start, key),
-                self_value=ops.slice_update(cache.self_value, start, value),
-            )
-            visible = (ops.arange(ops.shape(cache.self_key)[2]) <= cache_index)[None, None, :]
+            start = (0, 0, cache_index * n, 0)
+            cache = cache._replace(self_key=ops.slice_update(cache.self_key, start, key),
+                                   self_value=ops.slice_update(cache.self_value, start, value))  # fmt: skip
         else:
-            cache = cache._replace(
-                self_key=ops.concatenate([cache.self_key, key], axis=2),
-                self_value=ops.concatenate([cache.self_value, value], axis=2),
-            )
-            visible = None
-        attended = self.self_attention(
-            x, attention_mask=visible, key_value=(cache.self_key, cache.self_value), training=training
+            cache = cache._replace(self_key=ops.concatenate([cache.self_key, key], axis=2),
+                                   self_value=ops.concatenate([cache.self_value, value], axis=2))  # fmt: skip
+        attended = self._attend_per_sentence(
+            self.self_attention, x, cache.self_key, cache.self_value, cache_visibility, training
         )
         return attended, cache
 
-    def _attend_to_source(self, x, cache, source_mask, training):
-        """Encoder-decoder attention of `x` `[batch * n, 1, d_model]` (n hypotheses per sentence)
-        to the cached projection of each sentence: the n queries of a sentence go together."""
+    @staticmethod
+    def _attend_per_sentence(attention, x, key, value, mask, training):
+        """`attention` of `x` `[batch * n, 1, d_model]` to keys and values `[batch, heads, len,
+        key_dim]`, the n queries of a sentence together."""
         d_model = ops.shape(x)[-1]
-        per_sentence = ops.shape(x)[0] // ops.shape(cache.cross_key)[0]
+        per_sentence = ops.shape(x)[0] // ops.shape(key)[0]
         queries = ops.reshape(x, (-1, per_sentence, d_model))
-        attended = self.cross_attention(
-            queries, attention_mask=source_mask, key_value=(cache.cross_key, cache.cross_value), training=training
-        )
+        attended = attention(queries, attention_mask=mask, key_value=(key, value), training=training)
         return ops.reshape(attended, (-1, 1, d_model))
 
     def call(
@@ -138,14 +154,17 @@ class DecoderLayer(ResidualLayer):
         source_mask=None,
         cache=None,
         cache_index=None,
+        cache_visibility=None,
         return_attention_scores=False,
         training=None,
     ):
         x = inputs
         if cache is not None:
-            attended, cache = self._attend_to_cache(x, cache, cache_index, training)
+            attended, cache = self._attend_to_cache(x, cache, cache_index, cache_visibility, training)
             x = self.residual(self.self_attention_norm, x, attended, training)
-            attended = self._attend_to_source(x, cache, source_mask, training)
+            attended = self._attend_per_sentence(
+                self.cross_attention, x, cache.cross_key, cache.cross_value, source_mask, training
+            )
             x = self.residual(self.cross_attention_norm, x, attended, training)
             return self.residual(self.feed_forward_norm, x, self.feed_forward(x, training=training), training), cache
 
@@ -170,36 +189,58 @@ class Decoder(Stack):
     Call arguments:
         inputs: embedded target with positions added, `[batch, target_len, d_model]`.
         encoder_output, source_mask, cache_index, training: as for `DecoderLayer`.
-        cache: a list with one `LayerCache` per layer, from `init_cache`.
+        cache: a `DecoderCache`, from `init_cache`.
         return_attention_scores: also return each layer's encoder-decoder attention weights.
 
     Returns:
-        `[batch, target_len, d_model]`, and the updated cache list when `cache` is given, or
+        `[batch, target_len, d_model]`, and the updated `DecoderCache` when `cache` is given, or
         the list of attention weights with `return_attention_scores`.
     """
 
     layer_class = DecoderLayer
 
     def init_cache(self, encoder_output, hypotheses=1, max_length=None):
-        """One cache per layer (see `DecoderLayer.init_cache`), as a list."""
-        return [layer.init_cache(encoder_output, hypotheses, max_length) for layer in self.layers]
+        """A `DecoderCache`: one cache per layer (see `DecoderLayer.init_cache`), each
+        hypothesis's past in its own slot."""
+        batch = ops.shape(encoder_output)[0]
+        origin = ops.zeros((batch, hypotheses, max_length or 0), "int32")
+        return DecoderCache([layer.init_cache(encoder_output, hypotheses, max_length) for layer in self.layers], origin)
 
-    def reorder_cache(self, cache, rows, sentences=None):
-        """The cache of the hypotheses `rows` (int `[sentences * hypotheses]`, indices into the
-        cache's rows), for beam search. Rows are picked within each sentence's hypotheses, which
-        share their encoder output: only the self-attention keys and values move, unless
-        `sentences` (int, indices into the cache's sentences) keeps only some sentences, whose
-        encoder-decoder keys and values are then taken too."""
+    def reorder_cache(self, cache, parents, sentences=None):
+        """The cache after beam search keeps, for hypothesis i of each sentence, the extension of
+        its hypothesis `parents[b, i]` (int `[sentences, hypotheses]`). Only `origin` moves.
+        With `sentences` (int, indices into the cache's sentences) only those sentences stay,
+        in that order, and `parents` has a row for each of them."""
+        layers, origin = cache
+        if sentences is not None:
+            layers = [layer._make(ops.take(t, sentences, axis=0) for t in layer) for layer in layers]
+            origin = ops.take(origin, sentences, axis=0)
+        hypotheses, length = ops.shape(origin)[1], ops.shape(origin)[2]
+        rows = parents + ops.expand_dims(ops.arange(ops.shape(parents)[0], dtype="int32") * hypotheses, 1)
+        origin = ops.take(ops.reshape(origin, (-1, length)), ops.reshape(rows, (-1,)), axis=0)
+        return DecoderCache(layers, ops.reshape(origin, (-1, hypotheses, length)))
 
-        def reorder(layer):
-            layer = layer._replace(self_key=ops.take(layer.self_key, rows, axis=0),
-                                   self_value=ops.take(layer.self_value, rows, axis=0))  # fmt: skip
-            if sentences is None:
-                return layer
-            return layer._replace(cross_key=ops.take(layer.cross_key, sentences, axis=0),
-                                  cross_value=ops.take(layer.cross_value, sentences, axis=0))  # fmt: skip
-
-        return [reorder(layer) for layer in cache]
+    def _write_origin(self, cache, cache_index):
+        """`origin` with this step's position in each hypothesis's own slot, and the self-attention
+        mask it gives: `[batch, hypotheses, cache_len * hypotheses]` (see `DecoderLayer`), or
+        None where every cached position is visible to every hypothesis (one, growing)."""
+        static = isinstance(cache.layers[0], StaticLayerCache)
+        origin = cache.origin
+        hypotheses = ops.shape(origin)[1]
+        if hypotheses == 1:  # one slot: no origin to keep
+            if not static:
+                return origin, None
+            return origin, (ops.arange(ops.shape(cache.layers[0].self_key)[2]) <= cache_index)[None, None]
+        slots = ops.arange(hypotheses, dtype="int32")[:, None]  # [i, 1]
+        if static:
+            origin = ops.where(ops.arange(ops.shape(origin)[2]) == cache_index, slots, origin)
+        else:
+            origin = ops.concatenate([origin, ops.broadcast_to(slots, (ops.shape(origin)[0], hypotheses, 1))], axis=2)
+        length = ops.shape(origin)[2]
+        mask = ops.expand_dims(origin, 3) == slots[:, 0]  # [batch, i, position s, slot j]
+        if static:
+            mask = mask & (ops.arange(length) <= cache_index)[:, None]
+        return origin, ops.reshape(mask, (-1, hypotheses, length * hypotheses))
 
     def call(
         self,
@@ -218,8 +259,10 @@ class Decoder(Stack):
                 x, layer_weights = layer(x, encoder_output, source_mask, return_attention_scores=True, training=training)
                 weights.append(layer_weights)
             return (x, weights) if return_attention_scores else x
-        new_cache = []
-        for layer, layer_cache in zip(self.layers, cache):
-            x, layer_cache = layer(x, source_mask=source_mask, cache=layer_cache, cache_index=cache_index, training=training)
-            new_cache.append(layer_cache)
-        return x, new_cache
+        origin, mask = self._write_origin(cache, cache_index)
+        layers = []
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x, layer_cache = layer(x, source_mask=source_mask, cache=layer_cache, cache_index=cache_index,
+                                   cache_visibility=mask, training=training)  # fmt: skip
+            layers.append(layer_cache)
+        return x, DecoderCache(layers, origin)

@@ -12,10 +12,10 @@ from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.positional_encoding import PositionalEncoding
 
-DecodingCache = collections.namedtuple("DecodingCache", ["layers", "logits_kernel", "logits_bias"])
+DecodingCache = collections.namedtuple("DecodingCache", ["decoder", "logits_kernel", "logits_bias"])
 DecodingCache.__doc__ = """What `Transformer.decode_step` computes once and reuses at every step.
 
-layers: one `LayerCache` per decoder layer (keras_transformer/decoder.py).
+decoder: the decoder's `DecoderCache` (keras_transformer/decoder.py).
 logits_kernel: `E^T` `[d_model, vocab]`, the shared embedding transposed once per decode, not at
     every step (TensorFlow multiplies by a transposed operand more slowly).
 logits_bias: float32 `[vocab]`: `NEG_INF` at padding, which is never generated, else 0; added to
@@ -115,15 +115,16 @@ class Transformer(keras.Model):
         for that many positions instead, so that their shapes stay fixed (XLA, TPUs)."""
         vocab = self.config.vocab_size
         return DecodingCache(
-            layers=self.decoder.init_cache(encoder_output, hypotheses, max_length),
+            decoder=self.decoder.init_cache(encoder_output, hypotheses, max_length),
             logits_kernel=ops.transpose(ops.cast(self.embedding.embeddings, encoder_output.dtype)),
             logits_bias=ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, ops.zeros((vocab,), "float32")),
         )
 
-    def reorder_cache(self, cache, rows, sentences=None):
-        """The cache of the hypotheses `rows` (int `[sentences * hypotheses]`), as beam search
-        keeps them; with `sentences`, of those sentences only (see `Decoder.reorder_cache`)."""
-        return cache._replace(layers=self.decoder.reorder_cache(cache.layers, rows, sentences))
+    def reorder_cache(self, cache, parents, sentences=None):
+        """The cache after beam search keeps, as hypothesis i of each sentence, an extension of
+        its hypothesis `parents[b, i]` (int `[sentences, hypotheses]`); with `sentences`, for
+        those sentences only (see `Decoder.reorder_cache`)."""
+        return cache._replace(decoder=self.decoder.reorder_cache(cache.decoder, parents, sentences))
 
     def decode_step(self, token_ids, index, cache, source_mask):
         """Decodes one position from the cache, without dropout.
@@ -141,10 +142,10 @@ class Transformer(keras.Model):
         """
         x = self.embedding(token_ids[:, None])
         x = self.positional_encoding(x, start_index=index)
-        x, layers = self.decoder(x, source_mask=source_mask, cache=cache.layers, cache_index=index, training=False)
+        x, decoder = self.decoder(x, source_mask=source_mask, cache=cache.decoder, cache_index=index, training=False)
         logits = ops.cast(ops.matmul(x[:, 0], cache.logits_kernel), "float32") + cache.logits_bias
         # A loop carrying a growing cache may not know the cache's shapes: restate the vocabulary.
-        return ops.reshape(logits, (-1, self.config.vocab_size)), cache._replace(layers=layers)
+        return ops.reshape(logits, (-1, self.config.vocab_size)), cache._replace(decoder=decoder)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -255,11 +255,16 @@ def beam_search(
         active = state.active
         if drop_done:
             active = ops.cast(ops.nonzero(~done)[0], "int32")
-            # The cache holds the rows and sentences decoded this step: number the kept ones among those.
-            kept_rows = ops.take(_positions(decoded, batch * k), ops.take(parent_rows, rows_of(active)))
-            cache = model.reorder_cache(cache, kept_rows, ops.take(_positions(state.active, batch), active))
+            parents = ops.take(parent, active, axis=0)
+            # The cache holds the sentences decoded this step: number the kept ones among those.
+            kept = ops.take(_positions(state.active, batch), active)
+            cache = ops.cond(
+                ops.shape(active)[0] < ops.shape(state.active)[0],
+                lambda: model.reorder_cache(cache, parents, kept),
+                lambda: model.reorder_cache(cache, parents),
+            )
         else:
-            cache = model.reorder_cache(cache, parent_rows)
+            cache = model.reorder_cache(cache, parent)
         return BeamState(
             index=index + 1,
             alive=sequences,
@@ -298,15 +303,18 @@ def _static_shapes(static_shapes):
 def _while_loop(condition, step, state, steps, static_shapes, growing=("cache",)):
     """`state = step(state)` while `condition(state)`, for at most `steps` steps, over a named
     state. Without `static_shapes` the `growing` fields may change shape, which TensorFlow allows
-    when told so (shape invariants)."""
+    when told so (shape invariants): along their first axis (sentences that a search stops
+    decoding) and along any axis that starts empty (a growing cache)."""
     kind = type(state)
     loop = dict(maximum_iterations=steps)
     if not static_shapes and keras.config.backend() == "tensorflow":
         import tensorflow as tf
 
+        def relax(tensor):
+            return tf.TensorShape([None if axis == 0 or size == 0 else size for axis, size in enumerate(tensor.shape)])
+
         shapes = kind(*(tf.nest.map_structure(lambda t: t.shape, field) for field in state))
-        relaxed = {name: tf.nest.map_structure(lambda t: tf.TensorShape([None] * t.shape.rank), getattr(state, name))
-                   for name in growing}  # fmt: skip
+        relaxed = {name: tf.nest.map_structure(relax, getattr(state, name)) for name in growing}
         loop["shape_invariants"] = tuple(shapes._replace(**relaxed))
         while_loop = tf.while_loop
     else:

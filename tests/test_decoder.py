@@ -51,7 +51,35 @@ def test_hypotheses_of_a_sentence_share_its_cross_attention_cache(rng):
         for index in range(5):
             logits, cache = model.decode_step(target[:, index], index, cache, source_mask)
             np.testing.assert_allclose(_without_padding(logits), np.delete(full[:, index], PAD_ID, axis=-1), atol=1e-5)
-        assert all(layer.cross_key.shape[0] == 3 and layer.self_key.shape[0] == 9 for layer in cache.layers)
+        layers = cache.decoder.layers
+        assert all(layer.cross_key.shape[0] == 3 and layer.self_key.shape[:2] == (3, 4) for layer in layers)
+
+
+def test_reordered_hypotheses_attend_to_their_own_past(rng):
+    """Beam search keeps, each step, extensions of any hypotheses of a sentence (some twice,
+    some not at all) and may stop decoding a sentence: the logits of each kept hypothesis still
+    equal the full forward pass over its own prefix, for both caches."""
+    model, source, _ = _model_and_inputs(rng)
+    k, steps = 3, 5
+    encoder_output, source_mask = model.encode(source)
+    for max_length in (None, steps):
+        cache = model.init_cache(encoder_output, hypotheses=k, max_length=max_length)
+        sentences = np.arange(3)
+        prefixes = np.full((3, k, 1), 1, "int32")  # per sentence and hypothesis: BOS, then tokens
+        for index in range(steps):
+            mask = np.asarray(source_mask)[sentences]
+            logits, cache = model.decode_step(prefixes[:, :, -1].reshape(-1), index, cache, mask)
+            full = model((np.repeat(source[sentences], k, axis=0), prefixes.reshape(len(sentences) * k, -1)))
+            np.testing.assert_allclose(_without_padding(logits), np.delete(full[:, -1], PAD_ID, axis=-1), atol=1e-5)
+            parents = rng.integers(0, k, size=(len(sentences), k)).astype("int32")
+            tokens = rng.integers(1, 40, size=(len(sentences), k, 1)).astype("int32")
+            prefixes = np.concatenate([np.take_along_axis(prefixes, parents[:, :, None], axis=1), tokens], axis=2)
+            if index == 2:  # the middle sentence ends
+                kept = np.array([0, 2], "int32")
+                cache = model.reorder_cache(cache, parents[kept], kept)
+                sentences, prefixes = sentences[kept], prefixes[kept]
+            else:
+                cache = model.reorder_cache(cache, parents)
 
 
 def test_the_growing_cache_holds_the_decoded_positions_only(rng):
@@ -60,7 +88,7 @@ def test_the_growing_cache_holds_the_decoded_positions_only(rng):
     cache = model.init_cache(encoder_output)
     for index in range(3):
         _, cache = model.decode_step(target[:, index], index, cache, source_mask)
-    assert all(tuple(layer.self_key.shape) == (3, 4, 3, 8) for layer in cache.layers)
+    assert all(tuple(layer.self_key.shape) == (3, 4, 3, 8) for layer in cache.decoder.layers)
 
 
 def test_cached_step_compiles_with_xla_with_fixed_shapes(rng):
