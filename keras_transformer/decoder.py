@@ -120,11 +120,9 @@ class DecoderLayer(ResidualLayer):
         """Self-attention of one new position `x` `[batch * n, 1, d_model]` (n hypotheses per
         sentence) to itself and the cache: the n queries of a sentence go together, over all
         of its slots, `cache_visibility` choosing each one's past."""
-        key, value = self.self_attention.compute_key_value(x)  # [batch * n, heads, 1, key_dim]
         n = 1 if cache_visibility is None else cache_visibility.shape[1]
-        if n > 1:  # -> [batch, heads, n, key_dim]: this position of a sentence's n slots
-            shape = (-1, n, self.num_heads, self.self_attention.key_dim)
-            key, value = (ops.transpose(ops.reshape(t, shape), (0, 2, 1, 3)) for t in (key, value))
+        # [batch, heads, n, key_dim]: this position of a sentence's n slots.
+        key, value = self.self_attention.compute_key_value(ops.reshape(x, (-1, n, ops.shape(x)[-1])))
         if isinstance(cache, StaticLayerCache):
             start = (0, 0, cache_index * n, 0)
             cache = cache._replace(self_key=ops.slice_update(cache.self_key, start, key),

@@ -366,7 +366,9 @@ def _top_k(values, k, top_k):
         values = ops.pad(values, ((0, 0), (0, padding)), constant_values=float("-inf"))
     chunks = ops.reshape(values, (-1, (vocab + padding) // chunk, chunk))
     _, best_chunks = top_k(ops.max(chunks, axis=-1), k)  # [rows, k]
-    candidates = ops.take_along_axis(chunks, best_chunks[:, :, None], axis=1)  # [rows, k, chunk]
+    # [rows, k * chunk]: a gather of whole chunks (take_along_axis would transpose them all).
+    first_chunk = ops.arange(ops.shape(chunks)[0], dtype="int32")[:, None] * ops.shape(chunks)[1]
+    candidates = ops.take(ops.reshape(chunks, (-1, chunk)), ops.reshape(best_chunks + first_chunk, (-1,)), axis=0)
     best, position = top_k(ops.reshape(candidates, (-1, k * chunk)), k)
     chunk_of = ops.take_along_axis(best_chunks, position // chunk, axis=1)
     return best, chunk_of * chunk + position % chunk
