@@ -208,8 +208,6 @@ def beam_search(
     batch = ops.shape(source_ids)[0]
     length_limit, steps = _length_limits(model, source_ids, max_extra_length, max_length)
     best_possible_penalty = length_penalty(length_limit, alpha)[:, None]  # [batch, 1]
-    # Row b * k + i of a flattened [batch * k, ...] tensor is hypothesis i of sentence b.
-    first_row = ops.expand_dims(ops.arange(batch, dtype="int32") * k, 1)  # [batch, 1]
     encoder_output, source_mask = model.encode(source_ids, training=False)
     per_row = min(k, model.config.vocab_size)
     returned = k if return_all else 1  # finished hypotheses per sentence that must be final
@@ -234,10 +232,8 @@ def beam_search(
         candidates = state.alive_log_prob[:, :, None] + ops.reshape(best_log_prob, (batch, k, per_row))
         top_log_prob, top_index = ops.top_k(ops.reshape(candidates, (batch, k * per_row)), k)  # [batch, k]
         parent = top_index // per_row
-        token = ops.take_along_axis(ops.reshape(best_token, (batch, k * per_row)), top_index, axis=1)
-        parent_rows = ops.reshape(parent + first_row, (-1,))
-
-        sequences = _write_column(_take_rows(state.alive, parent_rows, k), index + 1, token)
+        token = _take_per_row(ops.reshape(best_token, (batch, k * per_row)), top_index)
+        sequences = _write_column(_take_per_row(state.alive, parent), index + 1, token)
         length = index + 1
         ending = (token == eos_id) | (length >= length_limit)[:, None]
         real = top_log_prob > NEG_INF / 2
@@ -366,11 +362,9 @@ def _top_k(values, k, top_k):
         values = ops.pad(values, ((0, 0), (0, padding)), constant_values=float("-inf"))
     chunks = ops.reshape(values, (-1, (vocab + padding) // chunk, chunk))
     _, best_chunks = top_k(ops.max(chunks, axis=-1), k)  # [rows, k]
-    # [rows, k * chunk]: a gather of whole chunks (take_along_axis would transpose them all).
-    first_chunk = ops.arange(ops.shape(chunks)[0], dtype="int32")[:, None] * ops.shape(chunks)[1]
-    candidates = ops.take(ops.reshape(chunks, (-1, chunk)), ops.reshape(best_chunks + first_chunk, (-1,)), axis=0)
+    candidates = _take_per_row(chunks, best_chunks)  # [rows, k, chunk]
     best, position = top_k(ops.reshape(candidates, (-1, k * chunk)), k)
-    chunk_of = ops.take_along_axis(best_chunks, position // chunk, axis=1)
+    chunk_of = _take_per_row(best_chunks, position // chunk)
     return best, chunk_of * chunk + position % chunk
 
 
@@ -399,20 +393,18 @@ def _write_column(sequences, column, values):
     return ops.where(ops.arange(ops.shape(sequences)[-1]) == column, values[..., None], sequences)
 
 
-def _take_rows(sequences, rows, m):
-    """`[batch, n, length]` sequences -> `[batch, m, length]`: the flat rows `rows`
-    (`[batch * m]`, row b * n + i is sequence i of sentence b)."""
-    batch, _, length = ops.shape(sequences)
-    flat = ops.reshape(sequences, (-1, length))
-    return ops.reshape(ops.take(flat, rows, axis=0), (batch, m, length))
+def _take_per_row(values, indices):
+    """`values[r, indices[r, j]]` for `values` `[rows, n, ...]` and int `indices` `[rows, m]`:
+    `[rows, m, ...]`, as one gather (TensorFlow's `take_along_axis` transposes both)."""
+    rows, n = ops.shape(values)[0], ops.shape(values)[1]
+    flat = ops.reshape(values, (-1, *ops.shape(values)[2:]))
+    return ops.take(flat, ops.cast(indices, "int32") + ops.arange(rows, dtype="int32")[:, None] * n, axis=0)
 
 
 def _top_k_of(sequences, scores, k):
     """The k best of `[batch, n, length]` sequences by `[batch, n]` scores, best first."""
-    batch, n = ops.shape(scores)
     scores, index = ops.top_k(scores, k)
-    rows = ops.reshape(index + ops.expand_dims(ops.arange(batch, dtype="int32") * n, 1), (-1,))
-    return _take_rows(sequences, rows, k), scores
+    return _take_per_row(sequences, index), scores
 
 
 def _strip(tokens, eos_id):
