@@ -253,6 +253,7 @@ def beam_search(
             active = ops.cast(ops.nonzero(~done)[0], "int32")
             parents = ops.take(parent, active, axis=0)
             # The cache holds the sentences decoded this step: number the kept ones among those.
+            # Only a step where a sentence ends copies the cache (the sentences' gather).
             kept = ops.take(_positions(state.active, batch), active)
             cache = ops.cond(
                 ops.shape(active)[0] < ops.shape(state.active)[0],
