@@ -9,6 +9,7 @@ import collections
 import keras
 from keras import ops
 
+from keras_transformer.common import take_per_row
 from keras_transformer.residual import LAYER_NORM_EPSILON, ResidualLayer, Stack
 
 
@@ -213,10 +214,7 @@ class Decoder(Stack):
         if sentences is not None:
             layers = [layer._make(ops.take(t, sentences, axis=0) for t in layer) for layer in layers]
             origin = ops.take(origin, sentences, axis=0)
-        hypotheses, length = ops.shape(origin)[1], ops.shape(origin)[2]
-        rows = parents + ops.expand_dims(ops.arange(ops.shape(parents)[0], dtype="int32") * hypotheses, 1)
-        origin = ops.take(ops.reshape(origin, (-1, length)), ops.reshape(rows, (-1,)), axis=0)
-        return DecoderCache(layers, ops.reshape(origin, (-1, hypotheses, length)))
+        return DecoderCache(layers, take_per_row(origin, parents))
 
     def _write_origin(self, cache, cache_index):
         """`origin` with this step's position in each hypothesis's own slot, and the self-attention

@@ -24,7 +24,7 @@ import dataclasses
 import keras
 from keras import ops
 
-from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID
+from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID, take_per_row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,8 +232,8 @@ def beam_search(
         candidates = state.alive_log_prob[:, :, None] + ops.reshape(best_log_prob, (batch, k, per_row))
         top_log_prob, top_index = ops.top_k(ops.reshape(candidates, (batch, k * per_row)), k)  # [batch, k]
         parent = top_index // per_row
-        token = _take_per_row(ops.reshape(best_token, (batch, k * per_row)), top_index)
-        sequences = _write_column(_take_per_row(state.alive, parent), index + 1, token)
+        token = take_per_row(ops.reshape(best_token, (batch, k * per_row)), top_index)
+        sequences = _write_column(take_per_row(state.alive, parent), index + 1, token)
         length = index + 1
         ending = (token == eos_id) | (length >= length_limit)[:, None]
         real = top_log_prob > NEG_INF / 2
@@ -363,9 +363,9 @@ def _top_k(values, k, top_k):
         values = ops.pad(values, ((0, 0), (0, padding)), constant_values=float("-inf"))
     chunks = ops.reshape(values, (-1, (vocab + padding) // chunk, chunk))
     _, best_chunks = top_k(ops.max(chunks, axis=-1), k)  # [rows, k]
-    candidates = _take_per_row(chunks, best_chunks)  # [rows, k, chunk]
+    candidates = take_per_row(chunks, best_chunks)  # [rows, k, chunk]
     best, position = top_k(ops.reshape(candidates, (-1, k * chunk)), k)
-    chunk_of = _take_per_row(best_chunks, position // chunk)
+    chunk_of = take_per_row(best_chunks, position // chunk)
     return best, chunk_of * chunk + position % chunk
 
 
@@ -394,18 +394,10 @@ def _write_column(sequences, column, values):
     return ops.where(ops.arange(ops.shape(sequences)[-1]) == column, values[..., None], sequences)
 
 
-def _take_per_row(values, indices):
-    """`values[r, indices[r, j]]` for `values` `[rows, n, ...]` and int `indices` `[rows, m]`:
-    `[rows, m, ...]`, as one gather (TensorFlow's `take_along_axis` transposes both)."""
-    rows, n = ops.shape(values)[0], ops.shape(values)[1]
-    flat = ops.reshape(values, (-1, *ops.shape(values)[2:]))
-    return ops.take(flat, ops.cast(indices, "int32") + ops.arange(rows, dtype="int32")[:, None] * n, axis=0)
-
-
 def _top_k_of(sequences, scores, k):
     """The k best of `[batch, n, length]` sequences by `[batch, n]` scores, best first."""
     scores, index = ops.top_k(scores, k)
-    return _take_per_row(sequences, index), scores
+    return take_per_row(sequences, index), scores
 
 
 def _strip(tokens, eos_id):

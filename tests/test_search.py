@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig
 from keras_transformer import search as search_module
+from keras_transformer.common import take_per_row
 from keras_transformer.search import beam_search, greedy_search, length_penalty
 
 
@@ -249,3 +250,11 @@ def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_s
     for bad in (dict(beam_size=0), dict(max_extra_length=-1), dict(alpha=-0.5)):
         with pytest.raises(ValueError, match="beam_size >= 1"):
             DecodingSettings(**bad)
+
+
+def test_take_per_row_equals_numpys_take_along_axis(rng):
+    for shape in ((5, 7), (5, 7, 3)):
+        values = rng.normal(size=shape).astype("float32")
+        indices = rng.integers(0, 7, size=(5, 4)).astype("int32")
+        expected = np.take_along_axis(values, indices.reshape(5, 4, *[1] * (len(shape) - 2)), axis=1)
+        np.testing.assert_array_equal(take_per_row(values, indices), expected)
