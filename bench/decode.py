@@ -2,6 +2,10 @@
 the exported SavedModel serves) and with it, next to CTranslate2 (a C++ inference engine) running
 the same weights, and to a decoder without a cache that recomputes the whole prefix every step.
 
+Without XLA, two rows: `served` is the search as the SavedModel runs it under the README's TF
+Serving settings (`export.serving`: the batch split between parallel searches, one thread per
+op); `cached` is one search with TensorFlow's default threads.
+
     python -m bench.decode            # the shape: d_model 256, 3+3 layers, batch 32
     python -m bench.decode --smoke    # seconds-long, tiny sizes (the test suite runs this)
 
@@ -33,11 +37,12 @@ import tensorflow as tf  # noqa: E402
 from bench import ctranslate2_reference  # noqa: E402
 from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
 from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
-from keras_transformer.search import beam_search, greedy_search  # noqa: E402
+from export.serving import PARALLEL_SEARCHES, use_serving_threads  # noqa: E402
+from keras_transformer.search import beam_search, greedy_search, in_parallel  # noqa: E402
 
 # (mode, beam size, XLA): the rows of every round, then those measured once, for context.
-ROWS = [("cached", 1, False), ("cached", 1, True), ("ctranslate2", 1, False),
-        ("cached", 4, False), ("cached", 4, True), ("ctranslate2", 4, False)]  # fmt: skip
+ROWS = [("served", 1, False), ("cached", 1, False), ("cached", 1, True), ("ctranslate2", 1, False),
+        ("served", 4, False), ("cached", 4, False), ("cached", 4, True), ("ctranslate2", 4, False)]  # fmt: skip
 CONTEXT_ROWS = [("full_recompute", 1, False), ("full_recompute", 1, True)]
 
 
@@ -59,6 +64,8 @@ def full_recompute_greedy(model, source_ids, steps):
 
 
 def measure(mode, beam_size, xla, args):
+    if mode == "served" and not args.smoke:  # a process of its own: TensorFlow has run nothing yet
+        use_serving_threads()
     keras.utils.set_random_seed(0)
     config = TransformerConfig.tiny(
         args.vocab_size, num_layers=args.layers, d_model=args.d_model, num_heads=args.heads, d_ff=args.d_ff
@@ -81,10 +88,14 @@ def measure(mode, beam_size, xla, args):
         return
     if mode == "full_recompute":
         decode = lambda s: full_recompute_greedy(model, s, args.length)  # noqa: E731
-    elif beam_size == 1:
-        decode = lambda s: greedy_search(model, s, max_extra_length=0, static_shapes=xla, eos_id=-1).tokens  # noqa: E731
     else:
-        decode = lambda s: beam_search(model, s, beam_size=beam_size, max_extra_length=0, static_shapes=xla, eos_id=-1).tokens  # noqa: E731
+        options = dict(max_extra_length=0, static_shapes=xla, eos_id=-1)
+        if beam_size == 1:
+            search = lambda s: greedy_search(model, s, **options)  # noqa: E731
+        else:
+            search = lambda s: beam_search(model, s, beam_size=beam_size, **options)  # noqa: E731
+        searches = PARALLEL_SEARCHES if mode == "served" else 1
+        decode = lambda s: in_parallel(search, s, searches).tokens  # noqa: E731
     compiled = tf.function(decode, jit_compile=xla)
     tokens = compiled(source)
     assert tokens.shape == (args.batch, args.length) and np.all(tokens.numpy() != 0), "length not forced"

@@ -11,7 +11,9 @@ before it serves a version (`warmup_s`), and the first translation of one senten
 (`first_request_ms`). Then each
 request translates the next sentences of the run's test split (sources only, in order), with
 the signature TF Serving calls (`serving_default`), so the figures are the model's time without
-the HTTP or gRPC layer. One JSON line per beam size and batch size.
+the HTTP or gRPC layer. One JSON line per beam size and batch size. The measuring process runs
+TensorFlow with the README's TF Serving threads (`export.serving.use_serving_threads`), or with
+its defaults under `--tensorflow-threads`.
 """
 
 import argparse
@@ -36,7 +38,11 @@ SMOKE_TRAINING = ["--steps", "2", "--steps-per-call", "1", "--checkpoint-every",
                   "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--no-evaluate"]  # fmt: skip
 
 
-def measure(export_dir, sentences_path, batch_sizes, requests):
+def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=True):
+    if serving_threads:
+        from export.serving import use_serving_threads
+
+        use_serving_threads()
     with open(sentences_path, encoding="utf-8") as f:
         sentences = f.read().splitlines()
     start = time.perf_counter()
@@ -60,6 +66,8 @@ def measure(export_dir, sentences_path, batch_sizes, requests):
                 "benchmark": "serving",
                 "beam_size": beam_size,
                 "batch": batch,
+                "searches": _metadata(export_dir).get("searches", 1),
+                "threads": "serving" if serving_threads else "tensorflow default",
                 "requests": requests,
                 "cold_start_s": round(cold_start, 3),
                 "load_s": round(loaded - start, 3),
@@ -117,11 +125,13 @@ def main():
     parser.add_argument("--max-extra-length", type=int, help="as python -m export (default: its default)")
     parser.add_argument("--only", help="measure this export folder (in this process)")
     parser.add_argument("--sentences", help="with --only: a file of source sentences")
+    parser.add_argument("--tensorflow-threads", action="store_true",
+                        help="with --only: TensorFlow's default threads, not the README's serving settings")  # fmt: skip
     args = parser.parse_args()
     args.beam_sizes = [int(size) for size in args.beam_sizes.split(",")]
     args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
     if args.only:
-        measure(args.only, args.sentences, args.batch_sizes, args.requests)
+        measure(args.only, args.sentences, args.batch_sizes, args.requests, serving_threads=not args.tensorflow_threads)
         return
     with tempfile.TemporaryDirectory() as scratch:
         if args.smoke:

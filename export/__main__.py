@@ -14,6 +14,7 @@ quiet_tensorflow()
 os.environ["KERAS_BACKEND"] = "tensorflow"  # the served graph is TensorFlow's, whichever backend trained the run
 
 from export.saved_model import export  # noqa: E402
+from export.serving import PARALLEL_SEARCHES  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
 from training.evaluate import add_decoding_flags  # noqa: E402
 
@@ -27,10 +28,14 @@ def main(argv=None):
                         help="output tokens beyond the source length")  # fmt: skip
     parser.add_argument("--version", type=int, help="the version number (default: the highest there + 1)")
     parser.add_argument("--checkpoint", help="a checkpoint path (default: averaged, else latest)")
+    parser.add_argument("--searches", type=int, default=PARALLEL_SEARCHES,
+                        help="independent searches a request's sentences are split between, run side by side "
+                        "on separate cores (about one per core a request should use)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         settings = DecodingSettings(args.beam_size, args.alpha, args.max_extra_length)
-        target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint)
+        target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
+                        searches=args.searches)  # fmt: skip
     except ValueError as error:
         sys.exit(f"error: {error}")
     print(f"Exported to {target}")

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from export.serving import Translator
+from export.serving import PARALLEL_SEARCHES, Translator
 from keras_transformer.search import DecodingSettings
 from training.run_folder import RunFolder
 
@@ -57,9 +57,12 @@ def next_version(base):
     return max(versions, default=0) + 1
 
 
-def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoint=None):
+def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoint=None, searches=PARALLEL_SEARCHES):
     """Exports the run's model (averaged checkpoint if it is the newest, else the latest, unless
-    `checkpoint` names one) with `settings` to `base/<version>/`; returns that folder."""
+    `checkpoint` names one) with `settings` to `base/<version>/`, its requests decoded by
+    `searches` parallel searches (export/serving.py); returns that folder."""
+    if searches < 1:
+        raise ValueError(f"--searches must be at least 1; got {searches}.")
     if keras.config.backend() != "tensorflow":
         raise ValueError(
             f"The export builds a TensorFlow graph, but Keras runs on {keras.config.backend()}: run "
@@ -85,6 +88,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
             "dataset": run_settings["dataset"],
             "vocab_size": model.config.vocab_size,
             **dataclasses.asdict(settings),
+            "searches": searches,
             "max_source_length": model.config.max_length,
             "checkpoint": checkpoint,
             **{key: metrics[key] for key in ("bleu", "chrf", "signature", "steps") if key in metrics},
@@ -96,7 +100,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         shutil.copy(run.config_path, os.path.join(assets, "config.json"))
         shutil.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
-        translator = Translator(model, tokenizer, settings, assets=asset_paths)
+        translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches)
         saved = os.path.join(staging, "model")
         tf.saved_model.save(translator, saved, signatures={"serving_default": translator.translate})
         write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length)

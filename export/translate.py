@@ -16,6 +16,8 @@ quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (registers the SentencePiece ops the SavedModel uses)
 
+from export.serving import use_serving_threads  # noqa: E402
+
 
 def resolve(export_dir):
     """A version folder as is; for a base path, its highest numbered version."""
@@ -35,6 +37,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--scores", action="store_true", help="print each score before its translation")
     args = parser.parse_args(argv)
+    use_serving_threads()
     try:
         translator = tf.saved_model.load(resolve(args.export_dir))
     except ValueError as error:

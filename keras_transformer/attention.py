@@ -102,7 +102,7 @@ class MultiHeadAttention(keras.layers.Layer):
         concatenated = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)), (-1, self.num_heads * self.key_dim))
         kernel = ops.reshape(ops.cast(self.output_kernel, heads.dtype), (self.num_heads * self.key_dim, -1))
         output = ops.matmul(concatenated, kernel) + ops.cast(self.output_bias, heads.dtype)
-        return ops.reshape(output, (batch, length, -1))
+        return ops.reshape(output, (batch, length, self.output_bias.shape[0]))  # not -1: batch may be 0
 
     def call(
         self,

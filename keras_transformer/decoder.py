@@ -121,7 +121,7 @@ class DecoderLayer(ResidualLayer):
         """Self-attention of one new position `x` `[batch * n, 1, d_model]` (n hypotheses per
         sentence) to itself and the cache: the n queries of a sentence go together, over all
         of its slots, `cache_visibility` choosing each one's past."""
-        n = 1 if cache_visibility is None else cache_visibility.shape[1]
+        n = self._hypotheses(cache_visibility)
         # [batch, heads, n, key_dim]: this position of a sentence's n slots.
         key, value = self.self_attention.compute_key_value(ops.reshape(x, (-1, n, ops.shape(x)[-1])))
         if isinstance(cache, StaticLayerCache):
@@ -132,17 +132,21 @@ class DecoderLayer(ResidualLayer):
             cache = cache._replace(self_key=ops.concatenate([cache.self_key, key], axis=2),
                                    self_value=ops.concatenate([cache.self_value, value], axis=2))  # fmt: skip
         attended = self._attend_per_sentence(
-            self.self_attention, x, cache.self_key, cache.self_value, cache_visibility, training
+            self.self_attention, x, cache.self_key, cache.self_value, cache_visibility, n, training
         )
         return attended, cache
 
     @staticmethod
-    def _attend_per_sentence(attention, x, key, value, mask, training):
+    def _hypotheses(cache_visibility):
+        """Hypotheses per sentence (see `cache_visibility`)."""
+        return 1 if cache_visibility is None else cache_visibility.shape[1]
+
+    @staticmethod
+    def _attend_per_sentence(attention, x, key, value, mask, n, training):
         """`attention` of `x` `[batch * n, 1, d_model]` to keys and values `[batch, heads, len,
         key_dim]`, the n queries of a sentence together."""
         d_model = ops.shape(x)[-1]
-        per_sentence = ops.shape(x)[0] // ops.shape(key)[0]
-        queries = ops.reshape(x, (-1, per_sentence, d_model))
+        queries = ops.reshape(x, (-1, n, d_model))
         attended = attention(queries, attention_mask=mask, key_value=(key, value), training=training)
         return ops.reshape(attended, (-1, 1, d_model))
 
@@ -162,7 +166,8 @@ class DecoderLayer(ResidualLayer):
             attended, cache = self._attend_to_cache(x, cache, cache_index, cache_visibility, training)
             x = self.residual(self.self_attention_norm, x, attended, training)
             attended = self._attend_per_sentence(
-                self.cross_attention, x, cache.cross_key, cache.cross_value, source_mask, training
+                self.cross_attention, x, cache.cross_key, cache.cross_value, source_mask,
+                self._hypotheses(cache_visibility), training,
             )
             x = self.residual(self.cross_attention_norm, x, attended, training)
             return self.residual(self.feed_forward_norm, x, self.feed_forward(x, training=training), training), cache

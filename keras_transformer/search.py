@@ -78,7 +78,7 @@ model's, for the active sentences, unread here.
 """
 
 
-def decode(model, source_ids, settings=DecodingSettings(), *, static_shapes=None, max_length=None):
+def decode(model, source_ids, settings=DecodingSettings(), *, static_shapes=None, max_length=None, searches=1):
     """Translates `source_ids` with `settings`: greedy search for beam size 1, else beam search.
 
     Args:
@@ -89,6 +89,7 @@ def decode(model, source_ids, settings=DecodingSettings(), *, static_shapes=None
         static_shapes: use the static cache (default: under JAX only); True for XLA.
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
+        searches: split the batch between this many independent searches (`in_parallel`).
 
     Returns:
         A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
@@ -96,8 +97,33 @@ def decode(model, source_ids, settings=DecodingSettings(), *, static_shapes=None
     common = dict(alpha=settings.alpha, max_extra_length=settings.max_extra_length, max_length=max_length,
                   static_shapes=static_shapes)  # fmt: skip
     if settings.beam_size == 1:
-        return greedy_search(model, source_ids, **common)
-    return beam_search(model, source_ids, beam_size=settings.beam_size, **common)
+        search = lambda ids: greedy_search(model, ids, **common)  # noqa: E731
+    else:
+        search = lambda ids: beam_search(model, ids, beam_size=settings.beam_size, **common)  # noqa: E731
+    return in_parallel(search, source_ids, searches)
+
+
+def in_parallel(search, source_ids, searches):
+    """`search(source_ids)`, a `SearchResult`, as `searches` independent searches over consecutive
+    slices of the batch (some may be empty), concatenated: the same result.
+
+    For TensorFlow graphs on CPUs. The graph then holds that many loops that share nothing, and
+    TensorFlow runs them side by side, one per core, when each op runs on one thread (intra-op
+    parallelism 1, as `export.serving.use_serving_threads` sets): a decoding step is a chain
+    of small ops, which gain less from being spread over the cores than they lose to the
+    threads' hand-offs. With TensorFlow's default threads it makes little difference.
+    """
+    if searches == 1:
+        return search(source_ids)
+    if keras.config.backend() == "tensorflow" and source_ids.shape[0] is None:  # a served graph, not XLA's
+        import tensorflow as tf
+
+        # One function, called once per slice: the graph (and a SavedModel) holds the search once.
+        search = tf.function(search, input_signature=[tf.TensorSpec([None, None], "int32")])
+    batch = ops.shape(source_ids)[0]
+    cuts = [batch * i // searches for i in range(searches + 1)]
+    results = [search(source_ids[start:end]) for start, end in zip(cuts, cuts[1:])]
+    return SearchResult(*(ops.concatenate(parts, axis=0) for parts in zip(*results)))
 
 
 def length_penalty(length, alpha):
@@ -285,8 +311,7 @@ def beam_search(
         active=ops.arange(batch, dtype="int32"),
         cache=model.init_cache(encoder_output, k, steps if static_shapes else None),
     )
-    state = _while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps, static_shapes,
-                        growing=("active", "cache"))  # fmt: skip
+    state = _while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps, static_shapes)
     tokens = _strip(state.finished[:, :, 1:], eos_id)
     if return_all:
         return SearchResult(tokens, state.finished_score)
@@ -297,11 +322,12 @@ def _static_shapes(static_shapes):
     return keras.config.backend() != "tensorflow" if static_shapes is None else static_shapes
 
 
-def _while_loop(condition, step, state, steps, static_shapes, growing=("cache",)):
+def _while_loop(condition, step, state, steps, static_shapes):
     """`state = step(state)` while `condition(state)`, for at most `steps` steps, over a named
-    state. Without `static_shapes` the `growing` fields may change shape, which TensorFlow allows
-    when told so (shape invariants): along their first axis (sentences that a search stops
-    decoding) and along any axis that starts empty (a growing cache)."""
+    state. Without `static_shapes` its tensors may change shape, which TensorFlow allows when told
+    so (shape invariants): along their first axis (sentences that a search stops decoding, or a
+    batch whose size the graph does not know) and along any axis that starts empty (a growing
+    cache)."""
     kind = type(state)
     loop = dict(maximum_iterations=steps)
     if not static_shapes and keras.config.backend() == "tensorflow":
@@ -310,9 +336,7 @@ def _while_loop(condition, step, state, steps, static_shapes, growing=("cache",)
         def relax(tensor):
             return tf.TensorShape([None if axis == 0 or size == 0 else size for axis, size in enumerate(tensor.shape)])
 
-        shapes = kind(*(tf.nest.map_structure(lambda t: t.shape, field) for field in state))
-        relaxed = {name: tf.nest.map_structure(relax, getattr(state, name)) for name in growing}
-        loop["shape_invariants"] = tuple(shapes._replace(**relaxed))
+        loop["shape_invariants"] = tuple(tf.nest.map_structure(relax, field) for field in state)
         while_loop = tf.while_loop
     else:
         while_loop = ops.while_loop

@@ -13,6 +13,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 
 from export.saved_model import export
+from export.serving import PARALLEL_SEARCHES
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
 from training.run_folder import RunFolder
@@ -83,6 +84,7 @@ def test_the_signature_and_assets(exported):
     with open(os.path.join(exported[4], "assets", "metadata.json")) as f:
         metadata = json.load(f)
     assert (metadata["source_lang"], metadata["target_lang"], metadata["beam_size"], metadata["alpha"]) == ("en", "de", 4, 0.6)
+    assert metadata["searches"] == PARALLEL_SEARCHES
 
 
 def test_saved_model_cli_shows_the_signature_and_runs_it(exported):
@@ -266,15 +268,17 @@ def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recor
     assert clash.returncode == 1 and f"error: {base}/4 exists already: choose another --version." in clash.stderr
     bad = subprocess.run(export_command + ["--beam-size", "0"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 1 and "beam_size >= 1" in bad.stderr
+    bad = subprocess.run(export_command + ["--searches", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 1 and "error: --searches must be at least 1; got 0." in bad.stderr
 
     assert next_version(base) == 5
     first_step, first = RunFolder(run_dir).checkpoints()[0]
-    made = subprocess.run(export_command + ["--checkpoint", first, "--beam-size", "1", "--max-extra-length", "0"],
-                          check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    made = subprocess.run(export_command + ["--checkpoint", first, "--beam-size", "1", "--max-extra-length", "0",
+                                            "--searches", "3"], check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert made.stdout.strip() == f"Exported to {base}/5" and next_version(base) == 6
     with open(os.path.join(base, "5", "assets", "metadata.json")) as f:
         metadata = json.load(f)
-    assert (metadata["checkpoint"], metadata["beam_size"], metadata["max_extra_length"]) == (first, 1, 0)
+    assert (metadata["checkpoint"], metadata["beam_size"], metadata["max_extra_length"], metadata["searches"]) == (first, 1, 0, 3)
     assert first_step < RunFolder(run_dir).checkpoints()[-1][0]
     # With no extra length an output is at most as long as its source (with its end of sentence).
     tokenizer = RunFolder(run_dir).load_tokenizer()

@@ -252,6 +252,27 @@ def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_s
             DecodingSettings(**bad)
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
+    from keras_transformer.search import DecodingSettings, decode
+
+    model = _model(30, seed=8)
+    settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
+    unknown_batch = [tf.TensorSpec([None, None], tf.int32)]
+    one = tf.function(lambda ids: decode(model, ids, settings), input_signature=unknown_batch)
+    for batch in (0, 1, 2, 3):  # some of the searches get no sentence
+        sources = _sources(rng, [6, 2, 5][:batch], 30) if batch else np.zeros((0, 6), "int32")
+        expected = one(sources)
+        for searches in (2, 3):
+            # A graph that knows the batch size, as the slices' own, and one that does not.
+            for graph in (tf.function(lambda ids: decode(model, ids, settings, searches=searches)),
+                          tf.function(lambda ids: decode(model, ids, settings, searches=searches), input_signature=unknown_batch)):  # fmt: skip
+                result = graph(sources)
+                assert result.tokens.shape == expected.tokens.shape
+                np.testing.assert_array_equal(result.tokens, expected.tokens)
+                np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5)
+
+
 def test_take_per_row_equals_numpys_take_along_axis(rng):
     for shape in ((5, 7), (5, 7, 3)):
         values = rng.normal(size=shape).astype("float32")
