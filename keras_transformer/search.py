@@ -115,7 +115,7 @@ def in_parallel(search, source_ids, searches):
     """
     if searches == 1:
         return search(source_ids)
-    if keras.config.backend() == "tensorflow" and source_ids.shape[0] is None:  # a served graph, not XLA's
+    if keras.config.backend() == "tensorflow" and source_ids.shape[0] is None:  # a served graph (XLA's know theirs)
         import tensorflow as tf
 
         # One function, called once per slice: the graph (and a SavedModel) holds the search once.

@@ -260,17 +260,19 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
     settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
     unknown_batch = [tf.TensorSpec([None, None], tf.int32)]
     one = tf.function(lambda ids: decode(model, ids, settings), input_signature=unknown_batch)
-    for batch in (0, 1, 2, 3):  # some of the searches get no sentence
+    graphs = {  # graphs that do not know the batch size (as served) and one that does (its slices' too)
+        "2 searches": tf.function(lambda ids: decode(model, ids, settings, searches=2), input_signature=unknown_batch),
+        "3 searches": tf.function(lambda ids: decode(model, ids, settings, searches=3), input_signature=unknown_batch),
+        "2 searches, static batch": tf.function(lambda ids: decode(model, ids, settings, searches=2)),
+    }
+    for batch in (0, 1, 3):  # some of the searches get no sentence
         sources = _sources(rng, [6, 2, 5][:batch], 30) if batch else np.zeros((0, 6), "int32")
         expected = one(sources)
-        for searches in (2, 3):
-            # A graph that knows the batch size, as the slices' own, and one that does not.
-            for graph in (tf.function(lambda ids: decode(model, ids, settings, searches=searches)),
-                          tf.function(lambda ids: decode(model, ids, settings, searches=searches), input_signature=unknown_batch)):  # fmt: skip
-                result = graph(sources)
-                assert result.tokens.shape == expected.tokens.shape
-                np.testing.assert_array_equal(result.tokens, expected.tokens)
-                np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5)
+        for name, graph in graphs.items():
+            result = graph(sources)
+            assert result.tokens.shape == expected.tokens.shape, name
+            np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg=name)
+            np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg=name)
 
 
 def test_take_per_row_equals_numpys_take_along_axis(rng):
