@@ -117,11 +117,10 @@ class DecoderLayer(ResidualLayer):
         empty = ops.zeros(shape, encoder_output.dtype)
         return (LayerCache if max_length is None else StaticLayerCache)(empty, empty, cross_key, cross_value)
 
-    def _attend_to_cache(self, x, cache, cache_index, cache_visibility, training):
+    def _attend_to_cache(self, x, cache, cache_index, cache_visibility, n, training):
         """Self-attention of one new position `x` `[batch * n, 1, d_model]` (n hypotheses per
         sentence) to itself and the cache: the n queries of a sentence go together, over all
         of its slots, `cache_visibility` choosing each one's past."""
-        n = self._hypotheses(cache_visibility)
         # [batch, heads, n, key_dim]: this position of a sentence's n slots.
         key, value = self.self_attention.compute_key_value(ops.reshape(x, (-1, n, ops.shape(x)[-1])))
         if isinstance(cache, StaticLayerCache):
@@ -135,11 +134,6 @@ class DecoderLayer(ResidualLayer):
             self.self_attention, x, cache.self_key, cache.self_value, cache_visibility, n, training
         )
         return attended, cache
-
-    @staticmethod
-    def _hypotheses(cache_visibility):
-        """Hypotheses per sentence (see `cache_visibility`)."""
-        return 1 if cache_visibility is None else cache_visibility.shape[1]
 
     @staticmethod
     def _attend_per_sentence(attention, x, key, value, mask, n, training):
@@ -163,11 +157,11 @@ class DecoderLayer(ResidualLayer):
     ):
         x = inputs
         if cache is not None:
-            attended, cache = self._attend_to_cache(x, cache, cache_index, cache_visibility, training)
+            n = 1 if cache_visibility is None else cache_visibility.shape[1]  # hypotheses per sentence
+            attended, cache = self._attend_to_cache(x, cache, cache_index, cache_visibility, n, training)
             x = self.residual(self.self_attention_norm, x, attended, training)
             attended = self._attend_per_sentence(
-                self.cross_attention, x, cache.cross_key, cache.cross_value, source_mask,
-                self._hypotheses(cache_visibility), training,
+                self.cross_attention, x, cache.cross_key, cache.cross_value, source_mask, n, training
             )
             x = self.residual(self.cross_attention_norm, x, attended, training)
             return self.residual(self.feed_forward_norm, x, self.feed_forward(x, training=training), training), cache
