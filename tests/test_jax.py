@@ -77,8 +77,9 @@ def _step(backend, start, steps, name, devices=1, policy="float32"):
         return json.load(f), out + ".weights.h5"
 
 
-def test_one_jax_step_equals_one_tensorflow_step(start):
-    (jax_run, jax_weights), (tf_run, tf_weights) = _step("jax", start, 1, "jax1"), _step("tensorflow", start, 1, "tf1")
+def test_jax_steps_equal_tensorflow_steps(start):
+    jax_run, jax_weights = _step("jax", start, 3, "jax-float32")
+    tf_run, tf_weights = _step("tensorflow", start, 3, "tensorflow-float32")
     assert (jax_run["backend"], tf_run["backend"]) == ("jax", "tensorflow")
     np.testing.assert_allclose(jax_run["losses"], tf_run["losses"], rtol=1e-5)
     _assert_same_weights(jax_weights, tf_weights, start[1])
@@ -88,7 +89,7 @@ def test_one_jax_step_equals_one_tensorflow_step(start):
 
 def test_jax_data_parallel_over_two_devices_equals_one_device(start):
     two, two_weights = _step("jax", start, 3, "jax-two", devices=2)
-    one, one_weights = _step("jax", start, 3, "jax-one", devices=1)
+    one, one_weights = _step("jax", start, 3, "jax-float32", devices=1)
     assert (two["replicas"], one["replicas"]) == (2, 1)
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
     assert two["losses"][2] < two["losses"][0]
@@ -123,12 +124,21 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_
     resumed = run_under("jax", "-m", "training.train", "--run-dir", run, *FAST)
     assert f"Resumed from {run}/checkpoints/ckpt-8 at step 8." in resumed
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["ckpt-16", "ckpt-8"]
+    from training.run_folder import RunFolder
+
+    # Resumed, the run ends where a run never interrupted ends (test_train_end_to_end kills
+    # TensorFlow's with SIGKILL).
+    straight = str(tmp_path / "straight")
+    run_under("jax", "-m", "training.train", "--run-dir", straight, *FAST)
+    config = RunFolder(run).config()
+    last = os.path.join("checkpoints", "ckpt-16", "model.weights.h5")
+    for (name, after_resume), (_, uninterrupted) in zip(
+        _weights(os.path.join(run, last), config), _weights(os.path.join(straight, last), config)
+    ):
+        np.testing.assert_allclose(after_resume, uninterrupted, rtol=1e-4, atol=1e-5, err_msg=name)
 
     # The JAX run's checkpoints average (here under TensorFlow) into the mean of their weights.
     run_under("tensorflow", "-m", "training.average_checkpoints", "--run-dir", run, "--last", "2")
-    from training.run_folder import RunFolder
-
-    config = RunFolder(run).config()
     averaged = _weights(os.path.join(run, "averaged", "ckpt-16.weights.h5"), config)
     first, second = (_weights(os.path.join(run, "checkpoints", name, "model.weights.h5"), config) for name in ("ckpt-8", "ckpt-16"))
     assert not np.allclose(first[0][1], second[0][1])
