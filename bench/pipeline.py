@@ -1,7 +1,7 @@
-"""Host input pipeline speed: tokenize, bucket and batch (`training.data.training_batches`, what
+"""Host input pipeline speed: read, bucket and batch (`training.data.training_batches`, what
 training reads), in real target tokens per second, next to what one TPU v5e chip would consume
-training the base model. Two rows: tokenizing every epoch, and reading the split tokenized once
-(what training.train does: `tokenized_training_pairs`; the one-off tokenization is timed apart).
+training the base model. Two rows: the first epoch, which tokenizes the split into shards while
+it reads them (`training.shards.TokenizedShards`), and later epochs, which read the shards.
 
     python -m bench.pipeline --data ../shared/data/multi30k   # Multi30k EN-DE, 25,000-token batches
     python -m bench.pipeline --smoke                          # seconds: the synthetic corpus
@@ -24,7 +24,7 @@ quiet_tensorflow()
 from bench.common import emit, peak_rss_mb  # noqa: E402
 from bench.train_throughput import training_flops  # noqa: E402
 from keras_transformer import TransformerConfig  # noqa: E402
-from training import data  # noqa: E402
+from training import data, shards  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 V5E_BF16_FLOPS = 197e12
@@ -39,8 +39,8 @@ def v5e_chip_target_tokens_per_second(vocab_size=37_000):
     return V5E_BF16_FLOPS * UTILISATION / flops_per_token, flops_per_token
 
 
-def measure(corpus, tokenizer, batch_tokens, batches, warmup, cache_path=None):
-    dataset = data.training_batches(corpus, tokenizer, batch_tokens=batch_tokens, max_length=256, cache_path=cache_path)
+def measure(tokenized, batch_tokens, batches, warmup):
+    dataset = data.training_batches(tokenized, batch_tokens=batch_tokens, max_length=256)
     iterator = iter(dataset)
     for _ in range(warmup):  # fills the shuffle buffer and the buckets
         next(iterator)
@@ -65,17 +65,20 @@ def main():
         corpus = data.text_file_corpus(args.data, "en", "de", {"dev": "val", "test": "test2016"})
     else:
         parser.error("--data is required (a Multi30k folder), or --smoke")
-    texts = [text for pair in corpus.text_pairs("train") for text in pair]
-    tokenizer = Tokenizer(train_sentencepiece(texts, args.vocab_size))
     chip, flops_per_token = v5e_chip_target_tokens_per_second()
     cores = os.cpu_count()
     with tempfile.TemporaryDirectory() as scratch:
-        cache = os.path.join(scratch, "train.tfrecord")
+        text = corpus.training_split(os.path.join(scratch, "text"))
+        tokenizer = Tokenizer(train_sentencepiece([t for pair in text.sample() for t in pair], args.vocab_size))
+        directory = os.path.join(scratch, "tokenized")
         start = time.perf_counter()
-        data.tokenized_training_pairs(corpus, tokenizer, cache)
-        cache_seconds = time.perf_counter() - start
-        for mode, cache_path in (("tokenize_every_epoch", None), ("tokenized_once", cache)):
-            tokens_per_second = measure(corpus, tokenizer, args.batch_tokens, args.batches, args.warmup, cache_path)
+        shards.TokenizedShards(text, tokenizer, os.path.join(scratch, "tokenized-alone")).write_all()
+        tokenize_seconds = time.perf_counter() - start
+        for mode in ("first_epoch", "later_epochs"):
+            tokenized = shards.TokenizedShards(text, tokenizer, directory)
+            tokens_per_second = measure(tokenized, args.batch_tokens, args.batches, args.warmup)
+            tokenized.close()
+            tokenized.write_all()  # the rest, for the later epochs' row
             emit(
                 {
                     "benchmark": "pipeline",
@@ -87,7 +90,8 @@ def main():
                     "v5e_chip_tgt_tokens_per_s_estimate": round(chip),
                     "base_training_flops_per_tgt_token": round(flops_per_token),
                     "cores_per_chip": round(chip / (tokens_per_second / cores), 1),
-                    "tokenize_once_seconds": round(cache_seconds, 1),
+                    "tokenize_split_seconds": round(tokenize_seconds, 1),
+                    "pairs": text.num_pairs,
                     "peak_rss_mb": round(peak_rss_mb(), 1),
                 }
             )

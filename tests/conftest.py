@@ -45,6 +45,26 @@ def synthetic_sentencepiece(synthetic_corpus):
 
 
 @pytest.fixture
+def tokenize(tmp_path):
+    """`tokenize(corpus, tokenizer, **kwargs)`: the `shards.TokenizedShards` of the corpus's
+    training split, in this test's folder (`pairs_per_shard` goes to the cut, the rest to
+    `TokenizedShards`). Their writers are stopped when the test ends."""
+    from training import shards
+
+    made = []
+
+    def make(corpus, tokenizer, pairs_per_shard=shards.PAIRS_PER_SHARD, **kwargs):
+        folder = tmp_path / f"shards-{len(made)}"
+        text = corpus.training_split(str(folder / "text"), pairs_per_shard=pairs_per_shard)
+        made.append(shards.TokenizedShards(text, tokenizer, str(folder / "tokenized"), **kwargs))
+        return made[-1]
+
+    yield make
+    for tokenized in made:
+        tokenized.close()
+
+
+@pytest.fixture
 def synthetic_tokenizer(synthetic_sentencepiece):
     # Per test: tf.random.set_seed (run before each test) clears the kernel that owns the
     # SentencePiece resource.

@@ -5,7 +5,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
-from training import data
+from training import data, shards
 
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 
@@ -21,6 +21,12 @@ def test_files_of_different_lengths_are_named(tmp_path):
     target = _write(tmp_path / "train.de", b"x\ny\n")
     with pytest.raises(ValueError, match=rf"{source} has 3 lines but {target} has 2"):
         data.read_parallel_files(source, target)
+    # The training split is streamed: the same message, from the pass that cuts it into shards.
+    with pytest.raises(ValueError, match=rf"{source} has 3 lines but {target} has 2"):
+        shards.cut_text_files(source, target, str(tmp_path / "cut"))
+    with pytest.raises(ValueError, match=rf"{target} has 2 lines but {source} has 3"):
+        shards.cut_text_files(target, source, str(tmp_path / "cut"))
+    assert not os.path.exists(tmp_path / "cut")
 
 
 def test_an_empty_file_is_named(tmp_path):
@@ -30,11 +36,16 @@ def test_an_empty_file_is_named(tmp_path):
         data.read_parallel_files(source, target)
 
 
-def test_a_line_that_is_not_utf8_is_named(tmp_path):
-    source = _write(tmp_path / "train.en", b"fine\nalso fine\nbad \xff byte\n")
-    target = _write(tmp_path / "train.de", b"x\ny\nz\n")
-    with pytest.raises(ValueError, match=rf"{source}, line 3: not valid UTF-8"):
+def test_a_line_that_is_not_utf8_is_named(tmp_path, monkeypatch):
+    lines = [f"line {i}".encode() for i in range(1, 300)]
+    lines[216] = b"bad \xff byte"
+    source = _write(tmp_path / "train.en", b"\n".join(lines) + b"\n")
+    target = _write(tmp_path / "train.de", b"x\n" * len(lines))
+    with pytest.raises(ValueError, match=rf"{source}, line 217: not valid UTF-8 \(invalid start byte at byte 4\)"):
         data.read_parallel_files(source, target)
+    monkeypatch.setattr(shards, "_READ_BYTES", 100)  # the bad line in a later block than the first
+    with pytest.raises(ValueError, match=rf"{source}, line 217: not valid UTF-8 \(invalid start byte at byte 4\)"):
+        shards.cut_text_files(source, target, str(tmp_path / "cut"))
 
 
 def test_unknown_dataset_and_missing_languages_are_explained(tmp_path):
@@ -53,6 +64,7 @@ def test_a_folder_of_text_files(tmp_path):
         _write(tmp_path / f"{split}.en", "".join(f"{split} en {i}\n" for i in range(lines)).encode())
         _write(tmp_path / f"{split}.de", "".join(f"{split} de {i}\n" for i in range(lines)).encode())
     corpus = data.load_corpus(str(tmp_path), "de", "en", dev_split="val")
+    assert "train" not in corpus.pairs  # streamed from the files
     assert corpus.text_pairs("train") == [(f"train de {i}", f"train en {i}") for i in range(3)]
     assert corpus.text_pairs("dev") == [("val de 0", "val en 0"), ("val de 1", "val en 1")]
     assert corpus.text_pairs("test") == []
@@ -95,9 +107,10 @@ def test_bucket_lengths():
     assert data.bucket_lengths(256)[-1] == 256
 
 
-def test_batches_have_bucket_shapes_token_budgets_and_shifted_targets(synthetic_corpus, synthetic_tokenizer):
+def test_batches_have_bucket_shapes_token_budgets_and_shifted_targets(synthetic_corpus, synthetic_tokenizer, tokenize):
     corpus = data.Corpus("mixed", "en", "de", pairs={"train": synthetic_corpus.text_pairs("train", 400) + [("a " * 50, "b")]})
-    batches = data.training_batches(corpus, synthetic_tokenizer, batch_tokens=256, max_length=24, batch_multiple=2)
+    batches = data.training_batches(tokenize(corpus, synthetic_tokenizer, pairs_per_shard=100), batch_tokens=256,
+                                    max_length=24, batch_multiple=2)  # fmt: skip
     shapes = set()
     for batch in batches.take(40):
         source, target_input, target_output = (batch[k].numpy() for k in ("source", "target_input", "target_output"))
@@ -115,19 +128,3 @@ def test_batches_have_bucket_shapes_token_budgets_and_shifted_targets(synthetic_
     assert shapes <= {(256 // length // 2 * 2, length) for length in data.bucket_lengths(24)}
     # The 50-word pair is over --max-length: dropped and counted, once per pass over the data.
     assert batch["dropped_pairs"].numpy()[0] >= 1
-
-
-def test_the_training_split_is_tokenized_once_into_a_file_with_the_same_batches(synthetic_corpus, synthetic_tokenizer, tmp_path):
-    corpus = data.Corpus("small", "en", "de", pairs={"train": synthetic_corpus.text_pairs("train", 300)})
-    settings = dict(batch_tokens=256, max_length=24, seed=3, shuffle_buffer=100)
-    cache = str(tmp_path / "data" / "train-x.tfrecord")
-    fresh = list(data.training_batches(corpus, synthetic_tokenizer, **settings).take(12).as_numpy_iterator())
-    cached = list(data.training_batches(corpus, synthetic_tokenizer, **settings, cache_path=cache).take(12).as_numpy_iterator())
-    assert os.path.exists(cache) and os.listdir(tmp_path / "data") == ["train-x.tfrecord"]
-    # A second pipeline reads the file, not the corpus (whose text is gone here), and sees the same batches.
-    emptied = data.Corpus("small", "en", "de", pairs={"train": [("x", "y")]})
-    again = list(data.training_batches(emptied, synthetic_tokenizer, **settings, cache_path=cache).take(12).as_numpy_iterator())
-    for a, b, c in zip(fresh, cached, again):
-        for name in a:
-            np.testing.assert_array_equal(a[name], b[name])
-            np.testing.assert_array_equal(a[name], c[name])

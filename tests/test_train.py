@@ -28,14 +28,14 @@ def _trainer(config, strategy=None, weights=None, warmup_steps=40, scale=1.0, la
 
 
 @pytest.mark.slow
-def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer):
+def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer, tokenize):
     def tokens(text):
         return len(synthetic_tokenizer.tokenize(text))
 
     # Eight pairs of one bucket (length 8): every batch holds each of them twice.
     pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if tokens(p[0]) < 8 and tokens(p[1]) < 8][:8]
     corpus = data.Corpus("eight", "en", "de", pairs={"train": pairs})
-    batches = data.training_batches(corpus, synthetic_tokenizer, batch_tokens=16 * 8, max_length=16, shuffle_buffer=8)
+    batches = data.training_batches(tokenize(corpus, synthetic_tokenizer), batch_tokens=16 * 8, max_length=16, shuffle_buffer=8)
     # No label smoothing, so that a memorised batch has a loss near 0.
     trainer = _trainer(_small_config(synthetic_tokenizer), label_smoothing=0.0)
     iterator = iter(batches)
@@ -50,9 +50,10 @@ def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer):
     assert translations == [p[1] for p in pairs]
 
 
-def test_mirrored_strategy_equals_one_device(synthetic_corpus, synthetic_tokenizer):
+def test_mirrored_strategy_equals_one_device(synthetic_corpus, synthetic_tokenizer, tokenize):
     config = _small_config(synthetic_tokenizer)
-    batches = data.training_batches(synthetic_corpus, synthetic_tokenizer, batch_tokens=256, max_length=24, batch_multiple=2)
+    batches = data.training_batches(tokenize(synthetic_corpus, synthetic_tokenizer), batch_tokens=256, max_length=24,
+                                    batch_multiple=2)  # fmt: skip
     batch = next(iter(batches))
     halves = np.split(batch["target_output"].numpy(), 2)
     assert np.sum(halves[0] != 0) != np.sum(halves[1] != 0), "the replicas should see different token counts"
@@ -73,9 +74,9 @@ def test_mirrored_strategy_equals_one_device(synthetic_corpus, synthetic_tokeniz
     assert not np.allclose(single_weights[0], weights[0])
 
 
-def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_tokenizer):
+def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_tokenizer, tokenize):
     trainer = _trainer(_small_config(synthetic_tokenizer))
-    batches = data.training_batches(synthetic_corpus, synthetic_tokenizer, batch_tokens=256, max_length=24)
+    batches = data.training_batches(tokenize(synthetic_corpus, synthetic_tokenizer), batch_tokens=256, max_length=24)
     shapes = {tuple(batch["source"].shape) for batch in batches.take(30)}
     assert len(shapes) > 1, "the batches should come from several buckets"
     iterator = iter(batches)

@@ -7,16 +7,18 @@ Sources (`--dataset`):
                            and the dev and test splits under the names of --dev-split and
                            --test-split (Multi30k: val, test2016)
 
-Every source gives each split as a `tf.data.Dataset` of (source, target) string pairs.
+Every source gives its dev and test splits as lists or `tf.data.Dataset`s of (source, target)
+strings, and its training split as shards (`training/shards.py`), streamed, never whole in memory.
 """
 
 import dataclasses
+import itertools
 import os
 
 import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
-from training import synthetic
+from training import shards, synthetic
 
 TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 
@@ -25,8 +27,10 @@ TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 class Corpus:
     """Parallel text in one direction.
 
-    `pairs` holds the splits of an in-memory corpus (lists of (source, target) strings);
-    `tfds_builder` stands in for them for a TFDS dataset.
+    `pairs` holds the splits of an in-memory corpus (lists of (source, target) strings: the
+    synthetic corpus, the dev and test splits of a folder); `tfds_builder` stands in for them for
+    a TFDS dataset; `train_files`, (source path, target path), is a folder's training split,
+    which is streamed and never read whole (`training_split`).
     """
 
     name: str
@@ -34,9 +38,11 @@ class Corpus:
     target_lang: str
     pairs: dict = None
     tfds_builder: object = None
+    train_files: tuple = None
 
     def dataset(self, split):
-        """The split as a `tf.data.Dataset` of (source, target) scalar strings."""
+        """The split as a `tf.data.Dataset` of (source, target) scalar strings (not the
+        training split of a folder: `training_split` streams that)."""
         if self.tfds_builder is None:
             sources, targets = zip(*self.pairs[split]) if self.pairs[split] else ((), ())
             return tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
@@ -45,12 +51,24 @@ class Corpus:
 
     def text_pairs(self, split, limit=None):
         """The split as a list of (source, target) Python strings (the first `limit`)."""
+        if split == "train" and self.train_files:
+            return _first_pairs(*self.train_files, limit)
         if self.tfds_builder is None:
             return self.pairs[split][:limit]
         dataset = self.dataset(split)
         if limit is not None:
             dataset = dataset.take(limit)
         return [(s.decode("utf-8"), t.decode("utf-8")) for s, t in dataset.as_numpy_iterator()]
+
+    def training_split(self, directory, sample_size=shards.TOKENIZER_SAMPLE, seed=0, pairs_per_shard=shards.PAIRS_PER_SHARD):
+        """The training split as `shards.TextShards`, with a tokenizer sample of `sample_size`
+        pairs. A folder's files are cut into `directory` in one pass (once: a later call reads
+        the cut); the other sources write nothing."""
+        if self.train_files:
+            return shards.cut_text_files(*self.train_files, directory, sample_size, seed, pairs_per_shard)
+        if self.tfds_builder is not None:
+            return shards.TfdsShards(self.tfds_builder, self.source_lang, self.target_lang, sample_size, pairs_per_shard)
+        return shards.InMemoryShards(self.pairs["train"], sample_size, seed, pairs_per_shard)
 
 
 def load_corpus(dataset, source_lang=None, target_lang=None, dev_split="dev", test_split="test", data_dir=None, seed=0):
@@ -91,26 +109,34 @@ def tfds_corpus(name, source_lang=None, target_lang=None, data_dir=None):
 
 
 def text_file_corpus(directory, source_lang, target_lang, split_names=None):
-    """A folder with PREFIX.SRC / PREFIX.TGT files per split (train, and dev / test as named)."""
+    """A folder with PREFIX.SRC / PREFIX.TGT files per split (train, and dev / test as named),
+    each plain or gzip-compressed (PREFIX.SRC.gz). The dev and test splits are read into memory;
+    the training split is streamed (`Corpus.training_split`)."""
     if not source_lang or not target_lang:
         found = sorted(name for name in os.listdir(directory) if name.startswith("train."))
         raise ValueError(
             f"--source-lang and --target-lang are needed with the folder {directory} (it has {found})."
         )
     names = {"train": "train", "dev": "dev", "test": "test", **(split_names or {})}
+    paths = {split: [_find(directory, f"{prefix}.{lang}") for lang in (source_lang, target_lang)] for split, prefix in names.items()}
     pairs = {}
-    for split, prefix in names.items():
-        source_path = os.path.join(directory, f"{prefix}.{source_lang}")
-        target_path = os.path.join(directory, f"{prefix}.{target_lang}")
-        if not os.path.exists(source_path) and split != "train":
-            pairs[split] = []  # an optional split
-            continue
-        pairs[split] = read_parallel_files(source_path, target_path)
-    return Corpus(directory, source_lang, target_lang, pairs=pairs)
+    for split in ("dev", "test"):
+        pairs[split] = read_parallel_files(*paths[split]) if os.path.exists(paths[split][0]) else []  # optional
+    for path in paths["train"]:
+        if not os.path.exists(path):
+            raise ValueError(f"{path} does not exist.")
+    return Corpus(directory, source_lang, target_lang, pairs=pairs, train_files=tuple(paths["train"]))
+
+
+def _find(directory, name):
+    """DIR/NAME, or DIR/NAME.gz if only that exists."""
+    path = os.path.join(directory, name)
+    return path + ".gz" if not os.path.exists(path) and os.path.exists(path + ".gz") else path
 
 
 def read_parallel_files(source_path, target_path):
-    """Reads two line-aligned UTF-8 files; errors name the file and line."""
+    """Reads two line-aligned UTF-8 files (plain or .gz) into a list of pairs; errors name the
+    file and line. For the dev and test splits: the training split is streamed."""
     sides = [_read_lines(source_path), _read_lines(target_path)]
     if len(sides[0]) != len(sides[1]):
         raise ValueError(
@@ -121,19 +147,23 @@ def read_parallel_files(source_path, target_path):
 
 
 def _read_lines(path):
-    if not os.path.exists(path):
-        raise ValueError(f"{path} does not exist.")
-    with open(path, "rb") as f:
-        raw_lines = f.read().splitlines()
+    """The lines of a file, split at \\n and stripped of white space at both ends, as the
+    training split's are (`shards.cut_text_files`)."""
+    with shards.open_text(path) as f:
+        raw_lines = f.readlines()
     if not raw_lines:
         raise ValueError(f"{path} is empty.")
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.decode("utf-8").strip())
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start}).") from None
-    return lines
+    shards.check_utf8(b"".join(raw_lines), path, 1)
+    return [line.strip().decode("utf-8") for line in raw_lines]
+
+
+def _first_pairs(source_path, target_path, limit):
+    """The first `limit` pairs of two files (all if None), streamed."""
+    with shards.open_text(source_path) as source, shards.open_text(target_path) as target:
+        lines = list(itertools.islice(zip(source, target), limit))
+    for side, path in enumerate((source_path, target_path)):
+        shards.check_utf8(b"".join(pair[side] for pair in lines), path, 1)
+    return [(s.strip().decode("utf-8"), t.strip().decode("utf-8")) for s, t in lines]
 
 
 def bucket_lengths(max_length):
@@ -145,53 +175,21 @@ def bucket_lengths(max_length):
     return lengths + [max_length]
 
 
-def tokenized_training_pairs(corpus, tokenizer, cache_path=None):
-    """The training split as (source ids with end-of-sentence, target ids) pairs.
-
-    With `cache_path`, the split is tokenized once into a TFRecord file there (written aside and
-    renamed into place), and read back from it by every epoch and every resumed run: on an
-    accelerator the host then only shuffles, buckets and pads. The file belongs to one
-    tokenizer; `RunFolder.tokenized_path` names it after the tokenizer's hash.
-    """
-
-    def encode(source, target):
-        return tokenizer.encode_source(source), tokenizer.tokenize(target)  # too long a pair is dropped below
-
-    pairs = corpus.dataset("train").map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if cache_path is None:
-        return pairs
-    if not tf.io.gfile.exists(cache_path):
-        print(f"Tokenizing the training split of {corpus.name} once, into {cache_path}...", flush=True)
-        # One record per pair: [len(source), *source, *target].
-        records = pairs.map(lambda source, target: tf.io.serialize_tensor(tf.concat([tf.shape(source), source, target], 0)))
-        tf.io.gfile.makedirs(os.path.dirname(cache_path) or ".")
-        staging = f"{cache_path}.tmp-{os.getpid()}"
-        tf.data.experimental.TFRecordWriter(staging).write(records)
-        tf.io.gfile.rename(staging, cache_path, overwrite=True)
-
-    def decode(record):
-        ids = tf.ensure_shape(tf.io.parse_tensor(record, tf.int32), [None])
-        return ids[1 : 1 + ids[0]], ids[1 + ids[0] :]
-
-    return tf.data.TFRecordDataset(cache_path).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-def training_batches(
-    corpus, tokenizer, *, batch_tokens, max_length, batch_multiple=1, seed=0, shuffle_buffer=20000, cache_path=None
-):
+def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, shuffle_buffer=20000):
     """Endless, shuffled, length-bucketed batches of the training split.
 
-    Each batch pads every sentence to its bucket's length L (from `bucket_lengths`) and holds
-    about `batch_tokens` source and `batch_tokens` target tokens (the paper: 25,000 each), so
-    the compiled step sees one shape per bucket. Pairs longer than `max_length` tokens (the
-    source with its end-of-sentence id, the target with one extra position) are dropped.
+    `tokenized` is a `shards.TokenizedShards`, whose seed orders and shuffles its pairs (with a
+    buffer of `shuffle_buffer`: the shards hold the corpus in its own order). Each batch pads every sentence to its bucket's length L (from
+    `bucket_lengths`) and holds about `batch_tokens` source and `batch_tokens` target tokens
+    (the paper: 25,000 each), so the compiled step sees one shape per bucket. Pairs longer than
+    `max_length` tokens (the source with its end-of-sentence id, the target with one extra
+    position) are dropped.
 
     Yields dicts of int tensors: `source`, `target_input`, `target_output` `[B, L]`;
     `batch_tokens` `[B]`, the batch's count of real target tokens on every row (so that each
     replica of a distributed step can normalise its loss by the global count); and
     `dropped_pairs` `[B]`, how many pairs were dropped so far. The count lives in the
-    dataset's own state, so it survives checkpointing the iterator. `cache_path`: tokenize once
-    (see `tokenized_training_pairs`); the batches are the same either way.
+    dataset's own state, so it survives checkpointing the iterator.
     """
     lengths = bucket_lengths(max_length)
     sizes = [max(batch_multiple, batch_tokens // length // batch_multiple * batch_multiple) for length in lengths]
@@ -214,7 +212,7 @@ def training_batches(
             "dropped_pairs": tf.fill([rows], tf.reduce_max(dropped)),
         }
 
-    dataset = tokenized_training_pairs(corpus, tokenizer, cache_path).shuffle(shuffle_buffer, seed=seed).repeat()
+    dataset = tokenized.dataset(shuffle_buffer)
     dataset = dataset.scan(tf.constant(0, tf.int64), count_dropped)
     dataset = dataset.filter(lambda source, target, fits, dropped: fits)
     dataset = dataset.map(lambda source, target, fits, dropped: (source, target, dropped))

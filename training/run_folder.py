@@ -4,7 +4,10 @@
     DIR/training.json        the data and training settings that a resumed run must share,
                              the Keras backend that trained it among them
     DIR/tokenizer.model      the SentencePiece model
-    DIR/data/                the training split tokenized once (train-TOKENIZER_HASH.tfrecord)
+    DIR/data/text/           a folder's training files cut into shards, and the tokenizer's
+                             sample (training/shards.py; TFDS and synthetic corpora need none)
+    DIR/data/tokenized-HASH/ the training split tokenized by the tokenizer of that hash, one
+                             TFRecord file per shard, written while the first epoch trains
     DIR/checkpoints/         model, optimizer, step and data position: tf.train.Checkpoint files
                              `ckpt-STEP.*` (TensorFlow) or folders `ckpt-STEP/` (JAX; see
                              training/backends/jax.py), the last few kept
@@ -28,7 +31,8 @@ from training import data
 from training.tokenizer import Tokenizer
 
 # Settings that must match when a run is resumed (the others, such as --steps, may change).
-RESUME_SETTINGS = ("backend", "dataset", "source_lang", "target_lang", "dev_split", "test_split", "seed", "batch_tokens", "vocab_size")
+RESUME_SETTINGS = ("backend", "dataset", "source_lang", "target_lang", "dev_split", "test_split", "seed", "batch_tokens",
+                   "vocab_size", "tokenizer_sample")  # fmt: skip
 
 
 class RunFolder:
@@ -38,6 +42,7 @@ class RunFolder:
         self.settings_path = os.path.join(path, "training.json")
         self.tokenizer_path = os.path.join(path, "tokenizer.model")
         self.checkpoint_dir = os.path.join(path, "checkpoints")
+        self.text_dir = os.path.join(path, "data", "text")
         self.averaged_dir = os.path.join(path, "averaged")
         self.log_dir = os.path.join(path, "logs")
         self.metrics_path = os.path.join(path, "metrics.json")
@@ -118,10 +123,10 @@ class RunFolder:
                 found.append((_step_of(name), path))
         return sorted(found)
 
-    def tokenized_path(self, tokenizer):
-        """Where the training split tokenized by `tokenizer` is kept (training.data)."""
+    def tokenized_dir(self, tokenizer):
+        """Where the training split tokenized by `tokenizer` is kept (`shards.TokenizedShards`)."""
         digest = hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]
-        return os.path.join(self.path, "data", f"train-{digest}.tfrecord")
+        return os.path.join(self.path, "data", f"tokenized-{digest}")
 
     def averaged(self):
         """(path, the steps it averages) of the averaged checkpoint, or None."""

@@ -15,8 +15,9 @@ import tensorflow_text
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-def train_sentencepiece(sentences, vocab_size, model_type="bpe", max_sentences=2_000_000):
-    """Trains a SentencePiece model on an iterable of strings; returns the serialized model.
+def train_sentencepiece(sentences, vocab_size, model_type="bpe"):
+    """Trains a SentencePiece model on an iterable of strings (all of them: pass a sample of a
+    large corpus, `shards.TextShards.sample`); returns the serialized model.
 
     The paper uses byte-pair encoding with a shared vocabulary of about 37,000 tokens.
     `vocab_size` is an upper bound: a small corpus may give fewer pieces.
@@ -33,8 +34,6 @@ def train_sentencepiece(sentences, vocab_size, model_type="bpe", max_sentences=2
         eos_id=EOS_ID,
         character_coverage=1.0,
         hard_vocab_limit=False,
-        input_sentence_size=max_sentences,
-        shuffle_input_sentence=True,
         minloglevel=2,
     )
     return model.getvalue()

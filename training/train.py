@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.config import PRESETS  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
-from training import backends, data, evaluate  # noqa: E402
+from training import backends, data, evaluate, shards  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
@@ -64,6 +64,8 @@ def parse_args(argv=None):
     for name, kind, text in MODEL_FLAGS:
         add(f"--{name.replace('_', '-')}", type=kind, help=f"override the config's {text}")
     add("--vocab-size", type=int, help="SentencePiece vocabulary, an upper bound (paper: 37000)")
+    add("--tokenizer-sample", type=int, default=shards.TOKENIZER_SAMPLE,
+        help="training pairs SentencePiece learns from, drawn uniformly from the whole split")
     add("--max-length", type=int, help="longest sentence in tokens; longer training pairs are dropped")
     add("--steps-per-call", type=int, default=50, help="training steps per host call (one compiled loop)")
     add("--checkpoint-every", type=int, help="steps between checkpoints")
@@ -87,19 +89,23 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, value)
     positive = ("steps", "batch_tokens", "warmup_steps", "vocab_size", "max_length", "steps_per_call", "checkpoint_every",
-                "max_minutes")  # fmt: skip
+                "max_minutes", "tokenizer_sample")  # fmt: skip
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     return args
 
 
-def get_tokenizer(run, corpus, vocab_size, is_chief, max_pairs=1_000_000):
-    """The run's tokenizer: loaded if the run folder has one, else trained on the training split."""
+def get_tokenizer(run, text, vocab_size, is_chief):
+    """The run's tokenizer: loaded if the run folder has one, else trained on the sample of the
+    training split that `text` (`shards.TextShards`) drew."""
     if not os.path.exists(run.tokenizer_path):
-        print(f"Training a SentencePiece tokenizer ({vocab_size} pieces at most) on {corpus.name}...", flush=True)
-        pairs = corpus.text_pairs("train", max_pairs)
+        start = time.perf_counter()
+        pairs = text.sample()
+        print(f"Training a SentencePiece tokenizer ({vocab_size:,} pieces at most) on {len(pairs):,} pairs sampled "
+              f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
         tokenizer = Tokenizer(train_sentencepiece([text for pair in pairs for text in pair], vocab_size))
+        print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
         if is_chief:
             os.makedirs(run.path, exist_ok=True)
             tokenizer.save(run.tokenizer_path + ".tmp")
@@ -125,7 +131,8 @@ def train(args, strategy=None):
     run = RunFolder(args.run_dir)
     corpus = data.load_corpus(args.dataset, args.source_lang, args.target_lang, args.dev_split, args.test_split,
                               args.data_dir, args.seed)  # fmt: skip
-    tokenizer = get_tokenizer(run, corpus, args.vocab_size, backend.is_chief)
+    text = corpus.training_split(run.text_dir, args.tokenizer_sample, args.seed)
+    tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief)
     overrides = {name: getattr(args, name) for name, _, _ in MODEL_FLAGS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
     config = TransformerConfig.preset(args.config, tokenizer.vocab_size, **overrides)
@@ -137,10 +144,10 @@ def train(args, strategy=None):
     schedule = TransformerSchedule(config.d_model, args.warmup_steps, args.learning_rate_scale)
     backend.build(config, lambda: paper_optimizer(schedule))
     backend.compile(args.label_smoothing, jit_compile=not args.no_xla)
-    batches = data.training_batches(
-        corpus, tokenizer, batch_tokens=args.batch_tokens, max_length=config.max_length,
-        batch_multiple=backend.num_replicas, seed=args.seed, cache_path=run.tokenized_path(tokenizer),
-    )  # fmt: skip
+    # The first epoch tokenizes the split into shards while training reads them.
+    tokenized = shards.TokenizedShards(text, tokenizer, run.tokenized_dir(tokenizer), args.seed)
+    batches = data.training_batches(tokenized, batch_tokens=args.batch_tokens, max_length=config.max_length,
+                                    batch_multiple=backend.num_replicas)  # fmt: skip
     iterator = iter(batches)  # every worker reads the same global batches
     latest, train_seconds = backend.restore(run, iterator, args.keep_checkpoints)
     step = backend.step
@@ -184,6 +191,7 @@ def train(args, strategy=None):
         print(f"Stopped at step {step} of {args.steps}: --max-minutes {args.max_minutes} reached.", flush=True)
     if dropped:
         print(f"{dropped} training pairs longer than --max-length {config.max_length} were dropped.", flush=True)
+    tokenized.close()
     backend.sync_model()
     backend.close()
     model = backend.model
