@@ -23,7 +23,12 @@ import tempfile
 import threading
 import time
 
-from bench.common import emit
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
+
+from bench.common import emit  # noqa: E402
+from training.shards import TextFileShards  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,7 +137,7 @@ def main():
                     "peak_rss_before_first_step_mb": round(peak_before_steps),
                     "peak_rss_mb": round(peak_mb),
                     "tokenized_shards_written": len(_tokenized_files(run_dir)),
-                    "shards": len([n for n in os.listdir(os.path.join(run_dir, "data", "text")) if n.endswith(".src")]) - 1,
+                    "shards": len(TextFileShards(os.path.join(run_dir, "data", "text")).shard_sizes),
                 }
             )
             if not args.keep:

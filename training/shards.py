@@ -418,8 +418,9 @@ class TokenizedShards:
                     break
                 for record in _records(sources, targets):
                     writer.write(record)
-                pairs += int(sources.nrows())
-                progress.update(progress.done + int(sources.nrows()))
+                rows = int(sources.nrows())
+                pairs += rows
+                progress.update(progress.done + rows)
         if self._stop.is_set():
             tf.io.gfile.remove(staging)
             return False

@@ -104,7 +104,7 @@ def get_tokenizer(run, text, vocab_size, is_chief):
         pairs = text.sample()
         print(f"Training a SentencePiece tokenizer ({vocab_size:,} pieces at most) on {len(pairs):,} pairs sampled "
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
-        tokenizer = Tokenizer(train_sentencepiece([text for pair in pairs for text in pair], vocab_size))
+        tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size))
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
         if is_chief:
             os.makedirs(run.path, exist_ok=True)
