@@ -9,6 +9,9 @@
                                            the backend, on sentences; prints JSON
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
+    two-shares RUN_DIR ...FLAGS            train with FLAGS in this one process on global batches
+                                           made as two processes make them: rows of share 0 of
+                                           2, then rows of share 1, of one scheduled bucket
 """
 
 import json
@@ -21,7 +24,8 @@ import tensorflow as tf
 
 from keras_transformer import TransformerConfig
 from keras_transformer.search import DecodingSettings
-from training import backends, evaluate
+from training import backends, data, evaluate, shards
+from training import train as train_module
 from training.run_folder import RunFolder
 from training.schedule import TransformerSchedule, paper_optimizer
 from training.train import parse_args, train
@@ -79,5 +83,24 @@ def crash_mid_save(run_dir, *flags):
     print(json.dumps(sorted(os.listdir(os.path.join(run_dir, "checkpoints")))))
 
 
+def two_shares(run_dir, *flags):
+    batches_of_a_share = data.training_batches
+
+    def global_batches(tokenized, *, batch_tokens, max_length, batch_multiple, schedule):
+        assert tokenized.share == list(range(tokenized.text.num_shards)) and schedule is None  # one process
+        text, tokenizer, seed = tokenized.text, tokenized.tokenizer, tokenized.seed
+        schedule = data.bucket_schedule(text, tokenizer, batch_tokens=batch_tokens // 2, max_length=max_length, num_shares=2)
+        halves = [
+            batches_of_a_share(shards.TokenizedShards(text, tokenizer, tokenized.directory, seed, process, 2),
+                                  batch_tokens=batch_tokens // 2, max_length=max_length,
+                                  batch_multiple=batch_multiple // 2, schedule=schedule)
+            for process in range(2)
+        ]  # fmt: skip
+        return tf.data.Dataset.zip(*halves).map(lambda first, second: {k: tf.concat([first[k], second[k]], 0) for k in first})
+
+    train_module.data.training_batches = global_batches
+    train(parse_args(["--run-dir", run_dir, *flags]))
+
+
 if __name__ == "__main__":
-    {"step": step, "translate": translate, "crash-mid-save": crash_mid_save}[sys.argv[1]](*sys.argv[2:])
+    {"step": step, "translate": translate, "crash-mid-save": crash_mid_save, "two-shares": two_shares}[sys.argv[1]](*sys.argv[2:])

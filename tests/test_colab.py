@@ -73,7 +73,7 @@ def test_the_notebook_runs_top_to_bottom_on_jax_in_smoke_mode(tmp_path):
 def test_without_a_tpu_the_notebook_stops_and_says_why():
     """Outside smoke mode, the Connect cell refuses to train on a machine without a TPU."""
     cells = _code_cells()
-    connect = next(cell.source for cell in cells if "local_devices(STRATEGY)" in cell.source)
+    connect = next(cell.source for cell in cells if "training_devices(STRATEGY)" in cell.source)
     script = "import os\nos.environ['KERAS_BACKEND'] = 'jax'\nSMOKE = False\nALLOW_WITHOUT_TPU = False\n" + connect
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT})  # fmt: skip

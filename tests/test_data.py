@@ -102,6 +102,45 @@ def test_tfds_rejects_a_language_the_dataset_lacks(tmp_path):
             data.load_corpus("tfds:wmt14_translate/de-en", "en", "fr")
 
 
+def test_scheduled_batches_of_two_shares_agree_in_shape_and_hold_every_pair_of_their_share(
+    synthetic_corpus, synthetic_tokenizer, tokenize
+):
+    corpus = data.Corpus("small", "en", "de", pairs={"train": synthetic_corpus.text_pairs("train", 600)})
+    shares = [tokenize(corpus, synthetic_tokenizer, pairs_per_shard=100, worker=w, num_workers=2) for w in range(2)]
+    settings = dict(batch_tokens=128, max_length=24)
+    schedule = data.bucket_schedule(shares[0].text, synthetic_tokenizer, num_shares=2, **settings)
+    assert schedule == data.bucket_schedule(shares[1].text, synthetic_tokenizer, num_shares=2, **settings)
+    assert schedule.lengths[-1] == 24 and abs(sum(schedule.weights) - 1) < 1e-9
+    streams = [data.training_batches(share, schedule=schedule, batch_multiple=2, **settings).take(150) for share in shares]
+    seen = [set(), set()]
+    for first, second in zip(*(stream.as_numpy_iterator() for stream in streams)):
+        assert first["source"].shape == second["source"].shape  # one global batch shape per step
+        assert first["source"].shape[1] in schedule.lengths and first["source"].shape[0] % 2 == 0
+        for share, batch in enumerate((first, second)):
+            seen[share].update(tuple(row[row != PAD_ID]) for row in batch["source"])
+    for share, tokenized in enumerate(shares):
+        expected = {tuple(source) for source, _ in tokenized.dataset(1).take(300).as_numpy_iterator()}
+        assert seen[share] == expected  # every pair of the share, and none of the other's
+    assert not seen[0] & seen[1]
+
+
+def test_rare_buckets_join_the_next_larger_and_a_rare_last_bucket_takes_in_the_one_below(
+    synthetic_corpus, synthetic_tokenizer
+):
+    from training import shards
+
+    pairs = synthetic_corpus.text_pairs("train", 200)
+    long = " ".join(pairs[0][0] for _ in range(5))  # one pair of a longer bucket than the rest
+    text = shards.InMemoryShards(pairs + [(long, long)], pairs_per_shard=1000)
+    lengths = data.bucket_lengths(64)
+    keys = [max(len(synthetic_tokenizer.tokenize(s)) + 1, len(synthetic_tokenizer.tokenize(t)) + 1) for s, t in pairs]
+    assert max(keys) < 40 < len(synthetic_tokenizer.tokenize(long)) + 1 <= 64
+    schedule = data.bucket_schedule(text, synthetic_tokenizer, batch_tokens=512, max_length=64, num_shares=1)
+    assert max(keys) > 16
+    # 40 is empty (joins 64); 64 holds one pair, too few alone, so it takes in 24's pairs.
+    assert schedule.lengths[-2:] == (16, 64) and set(schedule.lengths) < set(lengths)
+
+
 def test_bucket_lengths():
     assert data.bucket_lengths(64) == [8, 16, 24, 40, 64]
     assert data.bucket_lengths(256)[-1] == 256

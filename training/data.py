@@ -60,12 +60,14 @@ class Corpus:
             dataset = dataset.take(limit)
         return [(s.decode("utf-8"), t.decode("utf-8")) for s, t in dataset.as_numpy_iterator()]
 
-    def training_split(self, directory, sample_size=shards.TOKENIZER_SAMPLE, seed=0, pairs_per_shard=shards.PAIRS_PER_SHARD):
+    def training_split(self, directory, sample_size=shards.TOKENIZER_SAMPLE, seed=0, pairs_per_shard=shards.PAIRS_PER_SHARD,
+                       cut=True):  # fmt: skip
         """The training split as `shards.TextShards`, with a tokenizer sample of `sample_size`
         pairs. A folder's files are cut into `directory` in one pass (once: a later call reads
-        the cut); the other sources write nothing."""
+        the cut; with `cut=False`, another process cuts them and this one waits); the other
+        sources write nothing."""
         if self.train_files:
-            return shards.cut_text_files(*self.train_files, directory, sample_size, seed, pairs_per_shard)
+            return shards.cut_text_files(*self.train_files, directory, sample_size, seed, pairs_per_shard, cut)
         if self.tfds_builder is not None:
             return shards.TfdsShards(self.tfds_builder, self.source_lang, self.target_lang, sample_size, pairs_per_shard)
         return shards.InMemoryShards(self.pairs["train"], sample_size, seed, pairs_per_shard)
@@ -175,24 +177,90 @@ def bucket_lengths(max_length):
     return lengths + [max_length]
 
 
-def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, shuffle_buffer=20000):
+@dataclasses.dataclass(frozen=True)
+class BucketSchedule:
+    """The buckets that processes reading different shares draw every batch from in one seeded
+    order, so that at each step all of them make a batch of the same shape (one compiled step
+    over the global batch: training across hosts).
+
+    `lengths[i]` is bucket i's padded length (the last is `max_length`) and `weights[i]` how
+    often it is drawn: its share of the pairs over its rows per batch, so that every bucket's
+    reader goes through its share of the split at the same pace.
+    """
+
+    lengths: tuple
+    weights: tuple
+
+
+# A scheduled bucket must hold this many pairs of each share's sample; a rarer one joins the next
+# larger bucket (its pairs padded further), so that no reader waits long for a bucket's pairs.
+MIN_PAIRS_PER_SCHEDULED_BUCKET = 4
+SCHEDULE_SHARDS_PER_SHARE, SCHEDULE_PAIRS_PER_SHARD = 4, 256
+
+
+def bucket_schedule(text, tokenizer, *, batch_tokens, max_length, num_shares):
+    """The `BucketSchedule` of the shares of `text` (`shards.TextShards`) that `num_shares`
+    processes read (share p: the shards i with i % num_shares == p, as `shards.TokenizedShards`).
+
+    The same in every process: it counts the bucket lengths of the first
+    SCHEDULE_PAIRS_PER_SHARD pairs of SCHEDULE_SHARDS_PER_SHARE shards spread over each share.
+    `batch_tokens` is each process' (its rows of the global batch).
+    """
+    lengths = bucket_lengths(max_length)
+    counts = []  # [share][bucket]
+    for share in range(num_shares):
+        shard_ids = list(range(share, text.num_shards, num_shares))
+        picked = sorted({shard_ids[i * len(shard_ids) // SCHEDULE_SHARDS_PER_SHARE] for i in range(SCHEDULE_SHARDS_PER_SHARE)})
+        pairs = [pair for shard in picked for pair in text.pairs(shard).take(SCHEDULE_PAIRS_PER_SHARD)]
+        sources, targets = zip(*pairs)
+        source_lengths = tokenizer.encode_source(tf.stack(sources)).row_lengths().numpy()
+        target_lengths = tokenizer.tokenize(tf.stack(targets)).row_lengths().numpy() + 1
+        keys = [max(s, t) for s, t in zip(source_lengths, target_lengths)]
+        counts.append([sum(1 for key in keys if low < key <= high) for low, high in zip([0, *lengths], lengths)])
+    # Rare buckets join the next larger one; a rare last bucket takes in the ones below it.
+    kept, pending = [], [0] * num_shares
+    for bucket, length in enumerate(lengths):
+        pending = [total + share[bucket] for total, share in zip(pending, counts)]
+        if min(pending) >= MIN_PAIRS_PER_SCHEDULED_BUCKET or bucket == len(lengths) - 1:
+            kept.append((length, pending))
+            pending = [0] * num_shares
+    while len(kept) > 1 and min(kept[-1][1]) < MIN_PAIRS_PER_SCHEDULED_BUCKET:
+        kept[-2:] = [(kept[-1][0], [a + b for a, b in zip(kept[-2][1], kept[-1][1])])]
+    if min(kept[-1][1]) == 0:
+        raise ValueError(f"The sample of the training split holds no pair of at most {max_length} tokens in some "
+                         f"share of {num_shares}: raise --max-length.")  # fmt: skip
+    frequencies = [sum(per_share) for _, per_share in kept]
+    weights = [count / rows_per_batch(length, batch_tokens) for count, (length, _) in zip(frequencies, kept)]
+    return BucketSchedule(tuple(length for length, _ in kept), tuple(w / sum(weights) for w in weights))
+
+
+def rows_per_batch(length, batch_tokens, batch_multiple=1):
+    """Rows of a batch of sentences padded to `length`: about `batch_tokens` tokens, a multiple
+    of `batch_multiple` (at least one row per replica)."""
+    return max(batch_multiple, batch_tokens // length // batch_multiple * batch_multiple)
+
+
+def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, shuffle_buffer=20000, schedule=None):
     """Endless, shuffled, length-bucketed batches of the training split.
 
     `tokenized` is a `shards.TokenizedShards`, whose seed orders and shuffles its pairs (with a
-    buffer of `shuffle_buffer`: the shards hold the corpus in its own order). Each batch pads every sentence to its bucket's length L (from
-    `bucket_lengths`) and holds about `batch_tokens` source and `batch_tokens` target tokens
-    (the paper: 25,000 each), so the compiled step sees one shape per bucket. Pairs longer than
-    `max_length` tokens (the source with its end-of-sentence id, the target with one extra
-    position) are dropped.
+    buffer of `shuffle_buffer`: the shards hold the corpus in its own order). Each batch pads
+    every sentence to its bucket's length L (from `bucket_lengths`) and holds about
+    `batch_tokens` source and `batch_tokens` target tokens (the paper: 25,000 each), so the
+    compiled step sees one shape per bucket. Pairs longer than `max_length` tokens (the source
+    with its end-of-sentence id, the target with one extra position) are dropped.
+
+    Batches come in the order their buckets fill, from one reading of the pairs. With a
+    `schedule` (`BucketSchedule`, for processes that read different shares) they come in the
+    schedule's seeded order instead: each bucket has a reader of its own that skips the pairs
+    of other buckets.
 
     Yields dicts of int tensors: `source`, `target_input`, `target_output` `[B, L]`;
-    `batch_tokens` `[B]`, the batch's count of real target tokens on every row (so that each
-    replica of a distributed step can normalise its loss by the global count); and
-    `dropped_pairs` `[B]`, how many pairs were dropped so far. The count lives in the
-    dataset's own state, so it survives checkpointing the iterator.
+    `batch_tokens` `[B]`, the batch's count of real target tokens on every row; and
+    `dropped_pairs` `[B]`, how many pairs were dropped so far (by the batch's reader, under a
+    schedule). The count lives in the dataset's own state, so it survives checkpointing the
+    iterator.
     """
-    lengths = bucket_lengths(max_length)
-    sizes = [max(batch_multiple, batch_tokens // length // batch_multiple * batch_multiple) for length in lengths]
 
     def count_dropped(dropped, pair):
         source_ids, target_ids = pair
@@ -212,17 +280,36 @@ def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, s
             "dropped_pairs": tf.fill([rows], tf.reduce_max(dropped)),
         }
 
-    dataset = tokenized.dataset(shuffle_buffer)
-    dataset = dataset.scan(tf.constant(0, tf.int64), count_dropped)
-    dataset = dataset.filter(lambda source, target, fits, dropped: fits)
-    dataset = dataset.map(lambda source, target, fits, dropped: (source, target, dropped))
-    dataset = dataset.bucket_by_sequence_length(
-        lambda source_ids, target_ids, dropped: tf.maximum(tf.size(source_ids), tf.size(target_ids) + 1),
-        bucket_boundaries=[length + 1 for length in lengths],
-        bucket_batch_sizes=sizes + [sizes[-1]],
-        pad_to_bucket_boundary=True,
-        drop_remainder=True,
-    )
+    def fitting_pairs():
+        pairs = tokenized.dataset(shuffle_buffer).scan(tf.constant(0, tf.int64), count_dropped)
+        pairs = pairs.filter(lambda source, target, fits, dropped: fits)
+        return pairs.map(lambda source, target, fits, dropped: (source, target, dropped))
+
+    def bucket_key(source_ids, target_ids, dropped):
+        return tf.maximum(tf.size(source_ids), tf.size(target_ids) + 1)
+
+    if schedule is None:
+        lengths = bucket_lengths(max_length)
+        sizes = [rows_per_batch(length, batch_tokens, batch_multiple) for length in lengths]
+        dataset = fitting_pairs().bucket_by_sequence_length(
+            bucket_key,
+            bucket_boundaries=[length + 1 for length in lengths],
+            bucket_batch_sizes=sizes + [sizes[-1]],
+            pad_to_bucket_boundary=True,
+            drop_remainder=True,
+        )
+    else:
+        buckets = []
+        for low, high in zip((0, *schedule.lengths), schedule.lengths):
+            in_bucket = fitting_pairs().filter(lambda *pair, low=low, high=high: (bucket_key(*pair) > low) & (bucket_key(*pair) <= high))
+            rows = rows_per_batch(high, batch_tokens, batch_multiple)
+            buckets.append(in_bucket.padded_batch(rows, padded_shapes=([high], [high], []), drop_remainder=True))
+        cumulative = tf.constant(list(itertools.accumulate(schedule.weights))[:-1], tf.float64)
+        # Dataset.random's integers are uniform over [0, 2**32): their low 24 bits make a fraction.
+        choices = tf.data.Dataset.random(seed=tokenized.seed).map(
+            lambda draw: tf.searchsorted(cumulative, [tf.cast(draw % 2**24, tf.float64) / 2**24], side="right", out_type=tf.int64)[0]
+        )
+        dataset = tf.data.Dataset.choose_from_datasets(buckets, choices)
     return dataset.map(to_model_inputs).prefetch(tf.data.AUTOTUNE)
 
 

@@ -11,6 +11,7 @@ is the same as KERAS_BACKEND=jax; the flags, the run folder and the outputs are 
     python -m training.train --run-dir runs/wmt --config base --dataset tfds:wmt14_translate/de-en \\
         --source-lang en --target-lang de --strategy auto --mixed-precision
     python -m training.train --backend jax --strategy tpu --run-dir runs/wmt --config base ...
+    python -m training.train --backend jax --strategy tpu --processes auto --run-dir DIR ...  # on every host
     python -m training.train --run-dir runs/multi30k --dataset ../shared/data/multi30k \\
         --source-lang en --target-lang de --dev-split val --test-split test2016
 """
@@ -77,6 +78,10 @@ def parse_args(argv=None):
     evaluate.add_decoding_flags(parser)
     add("--backend", choices=backends.BACKENDS, help="Keras' backend (default: KERAS_BACKEND, else tensorflow)")
     add("--strategy", default="auto", help="auto, tpu, mirrored, multiworker or cpu (JAX: auto, tpu or cpu)")
+    add("--processes", default="1", help="JAX: processes training as one, one per host: auto on a Cloud TPU pod "
+        "slice (JAX finds the rest), else their number, with --coordinator-address and --process-id")
+    add("--coordinator-address", help="JAX across hosts: HOST:PORT of process 0, reachable from the others")
+    add("--process-id", type=int, help="JAX across hosts: this process' index, 0 to --processes - 1")
     add("--mixed-precision", action="store_true", help="bfloat16 (TensorFlow on GPU: float16 with loss scaling)")
     add("--no-xla", action="store_true", help="run the step without XLA (for comparison)")
     add("--no-evaluate", action="store_true", help="skip the test evaluation at the end")
@@ -93,12 +98,24 @@ def parse_args(argv=None):
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.processes != "auto" and not (args.processes.isdigit() and int(args.processes) > 0):
+        parser.error(f"--processes must be auto or a positive number, got {args.processes!r}")
+    if args.processes not in ("1", "auto"):
+        if args.coordinator_address is None or args.process_id is None:
+            parser.error(f"--processes {args.processes} needs --coordinator-address and --process-id (each process its own)")
+        if not 0 <= args.process_id < int(args.processes):
+            parser.error(f"--process-id {args.process_id} is not one of --processes {args.processes} (0 to {int(args.processes) - 1})")
+    if args.processes != "1" and args.backend != "jax":
+        parser.error("--processes is for the JAX backend; under TensorFlow, --strategy multiworker reads TF_CONFIG")
     return args
 
 
 def get_tokenizer(run, text, vocab_size, is_chief):
     """The run's tokenizer: loaded if the run folder has one, else trained on the sample of the
-    training split that `text` (`shards.TextShards`) drew."""
+    training split that `text` (`shards.TextShards`) drew (by the chief, which the other
+    processes wait for)."""
+    if not is_chief:
+        shards.wait_for(run.tokenizer_path, "process 0 to train the tokenizer")
     if not os.path.exists(run.tokenizer_path):
         start = time.perf_counter()
         pairs = text.sample()
@@ -106,10 +123,9 @@ def get_tokenizer(run, text, vocab_size, is_chief):
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
         tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size))
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
-        if is_chief:
-            os.makedirs(run.path, exist_ok=True)
-            tokenizer.save(run.tokenizer_path + ".tmp")
-            os.replace(run.tokenizer_path + ".tmp", run.tokenizer_path)
+        os.makedirs(run.path, exist_ok=True)
+        tokenizer.save(run.tokenizer_path + ".tmp")
+        os.replace(run.tokenizer_path + ".tmp", run.tokenizer_path)
         return tokenizer
     return run.load_tokenizer()
 
@@ -122,7 +138,16 @@ def train(args, strategy=None):
         raise ValueError(f"--backend {args.backend}, but Keras runs on {backends.current()}: set KERAS_BACKEND="
                          f"{args.backend} before Keras is imported (the command line does it for you).")  # fmt: skip
     decoding = DecodingSettings(args.beam_size, args.alpha)  # for the evaluations; checked before training
-    backend = backends.create(args.strategy, strategy, mixed_precision=args.mixed_precision)
+    processes = None
+    if args.processes != "1":
+        processes = {"coordinator_address": args.coordinator_address, "process_id": args.process_id,
+                     "num_processes": None if args.processes == "auto" else int(args.processes)}  # fmt: skip
+    backend = backends.create(args.strategy, strategy, mixed_precision=args.mixed_precision, processes=processes)
+
+    def say(message):  # one process speaks for all
+        if backend.is_chief:
+            print(message, flush=True)
+
     if args.max_minutes is not None and getattr(backend, "several_workers", False):
         # Each worker has its own clock: one could stop a step before the others, which would wait forever.
         raise ValueError("--max-minutes cannot be used with several workers: give --steps instead.")
@@ -131,7 +156,7 @@ def train(args, strategy=None):
     run = RunFolder(args.run_dir)
     corpus = data.load_corpus(args.dataset, args.source_lang, args.target_lang, args.dev_split, args.test_split,
                               args.data_dir, args.seed)  # fmt: skip
-    text = corpus.training_split(run.text_dir, args.tokenizer_sample, args.seed)
+    text = corpus.training_split(run.text_dir, args.tokenizer_sample, args.seed, cut=backend.is_chief)
     tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief)
     overrides = {name: getattr(args, name) for name, _, _ in MODEL_FLAGS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
@@ -144,21 +169,30 @@ def train(args, strategy=None):
     schedule = TransformerSchedule(config.d_model, args.warmup_steps, args.learning_rate_scale)
     backend.build(config, lambda: paper_optimizer(schedule))
     backend.compile(args.label_smoothing, jit_compile=not args.no_xla)
-    # The first epoch tokenizes the split into shards while training reads them.
-    tokenized = shards.TokenizedShards(text, tokenizer, run.tokenized_dir(tokenizer), args.seed)
-    batches = data.training_batches(tokenized, batch_tokens=args.batch_tokens, max_length=config.max_length,
-                                    batch_multiple=backend.num_replicas)  # fmt: skip
-    iterator = iter(batches)  # every worker reads the same global batches
+    # The first epoch tokenizes the split into shards while training reads them; each process
+    # its own share. Several processes agree on each batch's bucket through a schedule.
+    tokenized = shards.TokenizedShards(text, tokenizer, run.tokenized_dir(tokenizer), args.seed, backend.process_index,
+                                       backend.num_processes, show_progress=backend.is_chief)  # fmt: skip
+    bucket_schedule = None
+    batch_tokens = args.batch_tokens // backend.num_processes  # this process' rows of each global batch
+    if backend.num_processes > 1:
+        bucket_schedule = data.bucket_schedule(text, tokenizer, batch_tokens=batch_tokens, max_length=config.max_length,
+                                        num_shares=backend.num_processes)  # fmt: skip
+    batches = data.training_batches(tokenized, batch_tokens=batch_tokens, max_length=config.max_length,
+                                    batch_multiple=backend.local_replicas, schedule=bucket_schedule)  # fmt: skip
+    iterator = iter(batches)
     latest, train_seconds = backend.restore(run, iterator, args.keep_checkpoints)
     step = backend.step
     if latest:
-        print(f"Resumed from {latest} at step {step}.", flush=True)
+        say(f"Resumed from {latest} at step {step}.")
 
     def log_writer(name):
         return tf.summary.create_file_writer(os.path.join(run.log_dir, name)) if backend.is_chief else tf.summary.create_noop_writer()
 
     writer, dev_writer = log_writer("train"), log_writer("dev")
-    progress = keras.utils.Progbar(args.steps, stateful_metrics=["loss", "lr", "tok/s"], unit_name="step")
+
+    progress = keras.utils.Progbar(args.steps, stateful_metrics=["loss", "lr", "tok/s"], unit_name="step",
+                                   verbose=1 if backend.is_chief else 0)  # fmt: skip
     progress.update(step)
     dropped = 0
     out_of_time = lambda: args.max_minutes is not None and train_seconds >= 60 * args.max_minutes  # noqa: E731
@@ -169,7 +203,7 @@ def train(args, strategy=None):
         start = time.perf_counter()
         loss, tokens, dropped = backend.train_steps(iterator, num_steps)
         seconds = time.perf_counter() - start
-        train_seconds += seconds
+        train_seconds = backend.agree(train_seconds + seconds)  # process 0's clock decides for all
         step = backend.step
         learning_rate = float(keras.ops.convert_to_numpy(schedule(step)))  # the next update's
         progress.update(step, [("loss", loss), ("lr", learning_rate), ("tok/s", tokens / seconds)])
@@ -181,32 +215,31 @@ def train(args, strategy=None):
             tf.summary.scalar("training_minutes", train_seconds / 60)  # the x axis of learning curves
         if step == boundary or out_of_time():
             saved = backend.save(step, train_seconds)
-            print(f"\nSaved checkpoint {saved} at step {step}.", flush=True)
+            say(f"\nSaved checkpoint {saved} at step {step}.")
         periods = _periods(train_seconds, args.eval_every_minutes)
         if step < args.steps and (args.eval_every and step % args.eval_every == 0 or periods > periods_evaluated):
             periods_evaluated = periods
             backend.sync_model()
-            _evaluate_dev(backend.model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step)
+            _evaluate_dev(backend.model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
     if step < args.steps:
-        print(f"Stopped at step {step} of {args.steps}: --max-minutes {args.max_minutes} reached.", flush=True)
+        say(f"Stopped at step {step} of {args.steps}: --max-minutes {args.max_minutes} reached.")
     if dropped:
-        print(f"{dropped} training pairs longer than --max-length {config.max_length} were dropped.", flush=True)
+        say(f"{dropped} training pairs longer than --max-length {config.max_length} were dropped.")
     tokenized.close()
     backend.sync_model()
     backend.close()
     model = backend.model
-    if not backend.is_chief:
-        return model, None
-
     metrics = {"steps": step, "train_seconds": round(train_seconds, 1), "dropped_pairs": dropped, "backend": backend.name}
+    # Every process evaluates, so that none ends (and leaves JAX's runtime) while another works on.
     if not args.no_evaluate:
         if corpus.text_pairs("dev", 1):
-            metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step)
-        output_path = os.path.join(run.path, "translations.test.txt")
+            metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
+        output_path = os.path.join(run.path, "translations.test.txt") if backend.is_chief else None
         metrics.update(evaluate.evaluate(model, tokenizer, corpus, "test", decoding, output_path=output_path))
         metrics["checkpoint"] = run.checkpoints()[-1][1]
-        print(f"Test BLEU {metrics['bleu']} (chrF {metrics['chrf']}) on {metrics['sentences']} sentences; "
-              f"{metrics['signature']}", flush=True)  # fmt: skip
+        say(f"Test BLEU {metrics['bleu']} (chrF {metrics['chrf']}) on {metrics['sentences']} sentences; {metrics['signature']}")
+    if not backend.is_chief:
+        return model, None
     run.update_metrics(metrics)
     return model, metrics
 
@@ -216,12 +249,12 @@ def _periods(seconds, minutes):
     return int(seconds // (60 * minutes)) if minutes else 0
 
 
-def _evaluate_dev(model, tokenizer, corpus, decoding, sentences, writer, step):
+def _evaluate_dev(model, tokenizer, corpus, decoding, sentences, writer, step, say=print):
     metrics = evaluate.evaluate(model, tokenizer, corpus, "dev", decoding, limit=sentences, jit_compile=False)
     with writer.as_default(step=step):
         tf.summary.scalar("bleu", metrics["bleu"])
         tf.summary.scalar("chrf", metrics["chrf"])
-    print(f"step {step}: dev BLEU {metrics['bleu']} (chrF {metrics['chrf']})", flush=True)
+    say(f"step {step}: dev BLEU {metrics['bleu']} (chrF {metrics['chrf']})")
     return metrics["bleu"]
 
 

@@ -20,12 +20,17 @@ class Backend:
 
     name: "tensorflow" or "jax".
     is_chief: whether this process writes checkpoints, logs and metrics.
-    num_replicas: devices the batch is split over; batch sizes are multiples of it.
+    num_replicas: devices the global batch is split over.
+    process_index, num_processes: which of the processes that read the training data in
+        shares this one is (its share: `shards.TokenizedShards(..., process_index, num_processes)`).
+    local_replicas: devices this process' rows of a batch are split over; its batches' sizes
+        are multiples of it.
     """
 
     name = None
     is_chief = True
-    num_replicas = 1
+    num_replicas = local_replicas = 1
+    process_index, num_processes = 0, 1
 
     def build(self, config, make_optimizer):
         """Creates `self.model` (a `Transformer` of `config`) and `self.optimizer`."""
@@ -44,6 +49,10 @@ class Backend:
     def step(self):
         """The number of optimizer updates so far."""
         raise NotImplementedError
+
+    def agree(self, value):
+        """Process 0's `value` (a float) in every process, so that all decide alike."""
+        return value
 
     def restore(self, run, iterator, keep):
         """Prepares checkpointing into the `RunFolder` `run` (keeping the last `keep`) of the
@@ -70,15 +79,20 @@ def current():
     return name
 
 
-def create(strategy_name="auto", strategy=None, mixed_precision=False):
+def create(strategy_name="auto", strategy=None, mixed_precision=False, processes=None):
     """The `Backend` for Keras' current backend. `strategy_name` is `--strategy`; `strategy`, a
-    tf.distribute strategy made already (TensorFlow only)."""
+    tf.distribute strategy made already (TensorFlow only); `processes`, the arguments of
+    `jax.initialize_processes` to train on several processes as one (JAX only)."""
     if current() == "jax":
-        from training.backends.jax import JaxBackend
+        from training.backends.jax import JaxBackend, initialize_processes
 
         if strategy is not None:
             raise ValueError("A tf.distribute strategy was given, but Keras runs on JAX.")
+        if processes is not None:
+            initialize_processes(**processes)
         return JaxBackend(strategy_name, mixed_precision=mixed_precision)
+    if processes is not None:
+        raise ValueError("Several processes train as one under JAX; TensorFlow's workers come from TF_CONFIG.")
     from training.backends.tensorflow import TensorFlowBackend
 
     return TensorFlowBackend(strategy_name, strategy, mixed_precision=mixed_precision)

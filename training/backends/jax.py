@@ -1,22 +1,30 @@
-"""Training under JAX: forward, backward and Adam update as one `jax.jit` program over every local
+"""Training under JAX: forward, backward and Adam update as one `jax.jit` program over every
 device (TPU chips, GPUs, or host CPUs), data-parallel; checkpoints as folders that either backend
 reads.
+
+Several hosts (a TPU pod slice's workers, or processes on one machine) train as one through
+JAX's multi-controller runtime (`initialize_processes`): every process runs the same program over
+one mesh of all their devices, reads its own share of the training shards, and feeds its own
+rows of each global batch.
 
 The step is stateless (`Transformer.stateless_call`, `Optimizer.stateless_apply`): the weights,
 the dropout seeds and the optimizer's slots live in JAX arrays replicated on every device, each
 batch is split by rows across the devices, and XLA sums the gradients. Each bucket shape of the
-data pipeline compiles once.
+data pipeline compiles once; processes agree on every batch's bucket through a
+`data.BucketSchedule`.
 
 A checkpoint is a folder `DIR/checkpoints/ckpt-STEP/`:
 
     model.weights.h5      the model's weights, Keras' own format (`Transformer.load_weights`
                           reads it under either backend: evaluation and export use it)
     training_state.npz    the optimizer's variables and the model's dropout seed state
-    data.index, data-*    the tf.data iterator's position (tf.train.Checkpoint)
-    state.json            step, training seconds, backend
+    data.index, data-*    the tf.data iterator's position (tf.train.Checkpoint); process p > 0
+                          of several writes its own as data-p.index, data-p-*
+    state.json            step, training seconds, backend, processes
 
-It is written into a hidden folder and renamed into place, so a crash mid-save leaves the
-previous checkpoints as they were.
+Process 0 writes the replicated state once. It is all written into a hidden folder that
+process 0 renames into place once every process has written its part, so a crash mid-save
+leaves the previous checkpoints as they were.
 """
 
 import json
@@ -25,6 +33,7 @@ import shutil
 
 import jax
 import keras
+from jax.experimental import multihost_utils
 import numpy as np
 import tensorflow as tf
 
@@ -33,21 +42,35 @@ from training.backends import Backend
 from training.loss import smoothed_cross_entropy
 
 # The batch fields the step reads (`dropped_pairs` is read on the host).
-STEP_INPUTS = ("source", "target_input", "target_output", "batch_tokens")
+STEP_INPUTS = ("source", "target_input", "target_output")
 STRATEGIES = ("auto", "tpu", "cpu")
+# A process that stops answering for this long ends the others (JAX's default is 100 s).
+HEARTBEAT_SECONDS = 60
 
 
-def local_devices(strategy_name="auto"):
-    """The devices to train on: `auto`, every local device of JAX's default platform; `tpu`, the
-    TPU chips (an error naming the platform found if there are none); `cpu`, the host CPUs."""
+def initialize_processes(coordinator_address=None, num_processes=None, process_id=None):
+    """Joins JAX's multi-controller runtime, before JAX touches a device.
+
+    On Cloud TPU every argument may be None: JAX finds them itself. Elsewhere give all three
+    (the coordinator is process 0's HOST:PORT, which the others can reach). CPU devices reduce
+    over gloo. If a process dies, the others end with an error within HEARTBEAT_SECONDS.
+    """
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
+
+
+def training_devices(strategy_name="auto"):
+    """The devices to train on, those of every process: `auto`, the devices of JAX's default
+    platform; `tpu`, the TPU chips (an error naming the platform found if there are none);
+    `cpu`, the host CPUs."""
     if strategy_name not in STRATEGIES:
         raise ValueError(
             f"--strategy {strategy_name!r} is a tf.distribute strategy; under JAX choose {', '.join(STRATEGIES)} "
             "(JAX trains data-parallel over every local device)."
         )
     if strategy_name == "cpu":
-        return jax.local_devices(backend="cpu")
-    devices = jax.local_devices()
+        return jax.devices("cpu")
+    devices = jax.devices()
     if strategy_name == "tpu" and devices[0].platform != "tpu":
         raise ValueError(
             f"--strategy tpu: JAX sees no TPU, only {len(devices)} {devices[0].platform} device(s). On Colab, "
@@ -57,7 +80,8 @@ def local_devices(strategy_name="auto"):
 
 
 class JaxBackend(Backend):
-    """Trains with `jax.jit`, data-parallel over the devices of `local_devices(strategy_name)`.
+    """Trains with `jax.jit`, data-parallel over the devices of `training_devices(strategy_name)`,
+    those of every process when several run (`initialize_processes`).
 
     Args:
         strategy_name: `--strategy`: auto, tpu or cpu.
@@ -67,26 +91,32 @@ class JaxBackend(Backend):
     name = "jax"
 
     def __init__(self, strategy_name="auto", mixed_precision=False):
-        devices = local_devices(strategy_name)
+        devices = training_devices(strategy_name)
+        # Sorted by process, so that each process' rows of a global batch lie on its own devices.
+        devices = sorted(devices, key=lambda device: (device.process_index, device.id))
         self.mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
         self.replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.split_rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("batch"))
         self.num_replicas = len(devices)
+        self.process_index, self.num_processes = jax.process_index(), jax.process_count()
+        self.local_replicas = len(devices) // self.num_processes
+        self.is_chief = self.process_index == 0
         if mixed_precision:
             keras.mixed_precision.set_global_policy("mixed_bfloat16")
         self.run = self.checkpoint = None
 
     def build(self, config, make_optimizer):
-        with jax.default_device(self.mesh.devices.flat[0]):
+        with jax.default_device(jax.local_devices()[0]):
             self.model = Transformer(config)
             self.optimizer = make_optimizer()
             self.optimizer.build(self.model.trainable_variables)
         self._iterations = next(i for i, v in enumerate(self.optimizer.variables) if v is self.optimizer.iterations)
 
     def _state_from_variables(self):
-        """(trainable, non-trainable, optimizer) values, replicated on every device."""
+        """(trainable, non-trainable, optimizer) values, replicated on every device (each process
+        gives its copy: they are equal, from the same seed or checkpoint)."""
         values = tuple(
-            [v.value for v in variables]
+            [np.asarray(v.value) for v in variables]
             for variables in (self.model.trainable_variables, self.model.non_trainable_variables, self.optimizer.variables)
         )
         return jax.device_put(values, self.replicated)
@@ -96,7 +126,7 @@ class JaxBackend(Backend):
             (self.model.trainable_variables, self.model.non_trainable_variables, self.optimizer.variables), self.state
         ):
             for variable, value in zip(variables, values):
-                variable.assign(value)
+                variable.assign(np.asarray(value))  # a host copy: the model then runs on this process alone
 
     def compile(self, label_smoothing, jit_compile=True):
         if not jit_compile:
@@ -107,8 +137,8 @@ class JaxBackend(Backend):
             inputs = (batch["source"], batch["target_input"])
             logits, non_trainable = model.stateless_call(trainable, non_trainable, inputs, training=True)
             loss_sum, tokens = smoothed_cross_entropy(batch["target_output"], logits, label_smoothing)
-            # Divided by the whole batch's token count: the mean over the global batch.
-            return loss_sum / batch["batch_tokens"][0].astype("float32"), (loss_sum, tokens, non_trainable)
+            # Sums over the global batch (XLA reduces across devices): the mean per target token.
+            return loss_sum / tokens, (loss_sum, tokens, non_trainable)
 
         def step(state, batch):
             trainable, non_trainable, optimizer_variables = state
@@ -128,9 +158,9 @@ class JaxBackend(Backend):
     def train_steps(self, iterator, num_steps):
         loss_total, tokens_total, dropped = 0.0, 0.0, 0
         for _ in range(num_steps):
-            batch = next(iterator)
+            batch = next(iterator)  # this process' rows of the global batch
             dropped = int(batch["dropped_pairs"][0])
-            arrays = jax.device_put({name: batch[name].numpy() for name in STEP_INPUTS}, self.split_rows)
+            arrays = {name: jax.make_array_from_process_local_data(self.split_rows, batch[name].numpy()) for name in STEP_INPUTS}
             self.state, loss_sum, tokens = self.step_fn(self.state, arrays)  # dispatched; runs while the host reads on
             loss_total, tokens_total = loss_total + loss_sum, tokens_total + tokens
         return float(loss_total / tokens_total), float(tokens_total), dropped
@@ -139,18 +169,39 @@ class JaxBackend(Backend):
     def step(self):
         return int(self.state[2][self._iterations])
 
+    def agree(self, value):
+        if self.num_processes == 1:
+            return value
+        return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
+
     # Checkpoints.
+
+    def _data_prefix(self, folder):
+        """Where this process keeps its data position in a checkpoint folder."""
+        return os.path.join(folder, "data" if self.process_index == 0 else f"data-{self.process_index}")
+
+    def _barrier(self, name):
+        if self.num_processes > 1:
+            multihost_utils.sync_global_devices(name)
 
     def restore(self, run, iterator, keep):
         self.run, self.keep = run, keep
         self.checkpoint = tf.train.Checkpoint(data=iterator)
-        for name in os.listdir(run.checkpoint_dir) if os.path.isdir(run.checkpoint_dir) else []:
-            if name.startswith(".ckpt-"):  # a save that a crash interrupted
-                shutil.rmtree(os.path.join(run.checkpoint_dir, name), ignore_errors=True)
+        if self.is_chief:
+            for name in os.listdir(run.checkpoint_dir) if os.path.isdir(run.checkpoint_dir) else []:
+                if name.startswith(".ckpt-"):  # a save that a crash interrupted
+                    shutil.rmtree(os.path.join(run.checkpoint_dir, name), ignore_errors=True)
         checkpoints = run.checkpoints()
+        self._barrier("restore")  # every process has listed the checkpoints before any writes
         if not checkpoints:
             return None, 0.0
         _, path = checkpoints[-1]
+        with open(os.path.join(path, "state.json")) as f:
+            state = json.load(f)
+        saved_by = state.get("processes", 1)
+        if saved_by != self.num_processes:
+            raise ValueError(f"{path} was saved by {saved_by} process(es), and {self.num_processes} now: resume it on "
+                             f"{saved_by} (each process' position in its share of the data is in the checkpoint).")  # fmt: skip
         self.model.load_weights(os.path.join(path, "model.weights.h5"))
         with np.load(os.path.join(path, "training_state.npz")) as saved:
             for prefix, variables in (("non_trainable", self.model.non_trainable_variables),
@@ -160,28 +211,33 @@ class JaxBackend(Backend):
                     if tuple(value.shape) != tuple(variable.shape):
                         raise ValueError(f"{path}: {variable.path} has shape {value.shape}, the model {variable.shape}.")
                     variable.assign(value)
-        self.checkpoint.read(os.path.join(path, "data")).assert_consumed()
+        self.checkpoint.read(self._data_prefix(path)).assert_consumed()
         self.state = self._state_from_variables()
-        with open(os.path.join(path, "state.json")) as f:
-            return path, json.load(f)["train_seconds"]
+        return path, state["train_seconds"]
 
     def save(self, step, train_seconds):
         run = self.run
         target = os.path.join(run.checkpoint_dir, f"ckpt-{step}")
-        staging = os.path.join(run.checkpoint_dir, f".ckpt-{step}-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
+        staging = os.path.join(run.checkpoint_dir, f".ckpt-{step}")
         self.sync_model()
-        self.model.save_weights(os.path.join(staging, "model.weights.h5"))
-        arrays = {f"non_trainable/{i}": np.asarray(v) for i, v in enumerate(self.state[1])}
-        arrays.update({f"optimizer/{i}": np.asarray(v) for i, v in enumerate(self.state[2])})
-        np.savez(os.path.join(staging, "training_state.npz"), **arrays)
-        self.checkpoint.write(os.path.join(staging, "data"))
-        with open(os.path.join(staging, "state.json"), "w") as f:
-            json.dump({"step": step, "train_seconds": train_seconds, "backend": self.name}, f)
-        if os.path.exists(target):  # the same step saved again (a rerun): replace it
-            shutil.rmtree(target)
-        os.rename(staging, target)
-        for _, old in run.checkpoints()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if self.is_chief:
+            shutil.rmtree(staging, ignore_errors=True)
+            os.makedirs(staging)
+            self.model.save_weights(os.path.join(staging, "model.weights.h5"))
+            arrays = {f"non_trainable/{i}": np.asarray(v) for i, v in enumerate(self.state[1])}
+            arrays.update({f"optimizer/{i}": np.asarray(v) for i, v in enumerate(self.state[2])})
+            np.savez(os.path.join(staging, "training_state.npz"), **arrays)
+        self._barrier(f"save {step}: staging")
+        self.checkpoint.write(self._data_prefix(staging))
+        self._barrier(f"save {step}: written")
+        if self.is_chief:
+            with open(os.path.join(staging, "state.json"), "w") as f:
+                json.dump({"step": step, "train_seconds": train_seconds, "backend": self.name,
+                           "processes": self.num_processes}, f)  # fmt: skip
+            if os.path.exists(target):  # the same step saved again (a rerun): replace it
+                shutil.rmtree(target)
+            os.rename(staging, target)
+            for _, old in run.checkpoints()[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        self._barrier(f"save {step}: done")
         return target

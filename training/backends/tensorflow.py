@@ -27,7 +27,7 @@ class TensorFlowBackend(Backend):
     def __init__(self, strategy_name="auto", strategy=None, mixed_precision=False):
         self.strategy = strategy or strategies.make_strategy(strategy_name)
         self.is_chief = strategies.is_chief(self.strategy)
-        self.num_replicas = self.strategy.num_replicas_in_sync
+        self.num_replicas = self.local_replicas = self.strategy.num_replicas_in_sync  # every worker reads every batch
         self.several_workers = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
         if mixed_precision:
             on_tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)

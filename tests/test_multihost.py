@@ -1,0 +1,143 @@
+"""Training across hosts under JAX, as several processes on 127.0.0.1 (JAX's multi-controller
+runtime, CPU collectives over gloo): two processes of two host devices each train as one process
+of four devices does on the same global batches, resume where a killed run stopped, and end when
+a peer dies."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from keras_transformer import Transformer
+from training import synthetic
+from training.run_folder import RunFolder
+
+WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
+FLAGS = ["--steps", "24", "--checkpoint-every", "4", "--steps-per-call", "4", "--dropout", "0", "--batch-tokens", "512",
+         "--max-length", "24", "--vocab-size", "500", "--no-evaluate", "--strategy", "cpu", "--source-lang", "en",
+         "--target-lang", "de"]  # fmt: skip
+LIMIT_SECONDS = 600  # each process a test starts ends by itself within this
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environment(devices):
+    return {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": ROOT,
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}  # fmt: skip
+
+
+def _start_processes(run_dir, corpus, *flags):
+    """Two processes of `training.train` with two host devices each, joined on 127.0.0.1."""
+    address = f"127.0.0.1:{_free_port()}"
+    return [
+        subprocess.Popen(
+            ["timeout", str(LIMIT_SECONDS), sys.executable, "-m", "training.train", "--run-dir", str(run_dir),
+             "--dataset", str(corpus), *FLAGS, *flags, "--processes", "2", "--coordinator-address", address,
+             "--process-id", str(index)],
+            cwd=ROOT, env=_environment(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # a group of its own: `timeout` and the training process are killed together
+        )  # fmt: skip
+        for index in range(2)
+    ]
+
+
+def _finish(processes):
+    outputs = [process.communicate(timeout=LIMIT_SECONDS)[0] for process in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-4000:]
+    return outputs
+
+
+def _weights(run_dir, step):
+    run = RunFolder(str(run_dir))
+    model = Transformer(run.config())
+    model.load_weights(os.path.join(run.checkpoint_dir, f"ckpt-{step}", "model.weights.h5"))
+    return [(weight.name, weight.numpy()) for weight in model.weights]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A folder of text files of three shards' size (two processes each need one)."""
+    path = tmp_path_factory.mktemp("corpus")
+    splits = synthetic.generate_splits(0, train=45_000, dev=10, test=10)
+    for side, lang in enumerate(("en", "de")):
+        (path / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in splits["train"]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_processes(corpus, tmp_path_factory):
+    """A run of 24 steps by two processes, never interrupted."""
+    run_dir = tmp_path_factory.mktemp("two") / "run"
+    outputs = _finish(_start_processes(run_dir, corpus))
+    return run_dir, outputs
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpus, tmp_path):
+    run_dir, outputs = two_processes
+    # One process speaks: the bar and the checkpoints are printed by process 0 alone.
+    assert "Saved checkpoint" in outputs[0] and "Saved checkpoint" not in outputs[1]
+    assert "24/24" in outputs[0] and "24/24" not in outputs[1]
+    state = json.loads((run_dir / "checkpoints" / "ckpt-24" / "state.json").read_text())
+    assert state["processes"] == 2
+    # Each process wrote the shards of its own share: 0 and 2, and 1.
+    tokenized = next((run_dir / "data").glob("tokenized-*"))
+    assert sorted(p.name for p in tokenized.iterdir()) == [f"shard-0000{i}.tfrecord" for i in range(3)]
+
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "tokenizer.model").write_bytes((run_dir / "tokenizer.model").read_bytes())
+    result = subprocess.run(
+        ["timeout", str(LIMIT_SECONDS), sys.executable, WORKER, "two-shares", str(reference), "--dataset", str(corpus),
+         *FLAGS],
+        cwd=ROOT, env=_environment(4), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    for (name, two), (_, one) in zip(_weights(run_dir, 24), _weights(reference, 24)):
+        # As test_jax: a key bias has no gradient in exact arithmetic, so Adam steps on float noise.
+        atol = 1e-2 if name.endswith("key_bias") else 1e-4
+        np.testing.assert_allclose(two, one, rtol=1e-4, atol=atol, err_msg=name)
+    assert not np.allclose(_weights(run_dir, 8)[0][1], _weights(run_dir, 24)[0][1])  # it trained
+
+
+@pytest.mark.slow
+def test_a_killed_peer_ends_the_other_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    processes = _start_processes(run_dir, corpus)
+    deadline = time.monotonic() + LIMIT_SECONDS
+    while not (run_dir / "checkpoints" / "ckpt-4" / "state.json").exists():
+        assert time.monotonic() < deadline and processes[0].poll() is None, processes[0].communicate()[0][-4000:]
+        time.sleep(0.05)
+    os.killpg(processes[1].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    output = processes[0].communicate(timeout=LIMIT_SECONDS)[0]
+    processes[1].communicate()
+    assert processes[0].returncode != 0, output[-3000:]
+    assert time.monotonic() - killed < 90  # the heartbeat's 60 s, and the time to notice
+    assert not (run_dir / "checkpoints" / "ckpt-24").exists()
+
+    outputs = _finish(_start_processes(run_dir, corpus))
+    assert "Resumed from" in outputs[0]
+    for (name, resumed), (_, straight) in zip(_weights(run_dir, 24), _weights(two_processes[0], 24)):
+        np.testing.assert_allclose(resumed, straight, rtol=1e-4, atol=1e-5, err_msg=name)
+
+    # On another number of processes, the checkpoint is refused, both counts named.
+    refused = subprocess.run(
+        ["timeout", str(LIMIT_SECONDS), sys.executable, "-m", "training.train", "--run-dir", str(run_dir), "--dataset",
+         str(corpus), *FLAGS, "--steps", "28"],
+        cwd=ROOT, env=_environment(4), capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "was saved by 2 process(es), and 1 now" in refused.stderr
