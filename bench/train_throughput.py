@@ -74,7 +74,6 @@ def measure(name, backend_name, xla, args, ceiling):
         "source": ids(args.length),
         "target_input": ids(args.length),
         "target_output": ids(args.length),
-        "batch_tokens": np.full([args.batch], args.batch * args.length, np.int32),
         "dropped_pairs": np.zeros([args.batch], np.int64),
     }
     if backend_name == "torch":

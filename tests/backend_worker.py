@@ -93,7 +93,7 @@ def two_shares(run_dir, *flags):
         halves = [
             batches_of_a_share(shards.TokenizedShards(text, tokenizer, tokenized.directory, seed, process, 2),
                                   batch_tokens=batch_tokens // 2, max_length=max_length,
-                                  batch_multiple=batch_multiple // 2, schedule=schedule)
+                                  batch_multiple=max(1, batch_multiple // 2), schedule=schedule)
             for process in range(2)
         ]  # fmt: skip
         return tf.data.Dataset.zip(*halves).map(lambda first, second: {k: tf.concat([first[k], second[k]], 0) for k in first})

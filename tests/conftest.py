@@ -37,6 +37,19 @@ def synthetic_corpus():
 
 
 @pytest.fixture(scope="session")
+def three_shard_corpus(tmp_path_factory):
+    """A folder of text files (train.en, train.de) of the synthetic corpus' sentences, three
+    shards' worth: enough for two processes that each read a share."""
+    from training import synthetic
+
+    path = tmp_path_factory.mktemp("three-shards")
+    splits = synthetic.generate_splits(0, train=45_000, dev=10, test=10)
+    for side, lang in enumerate(("en", "de")):
+        (path / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in splits["train"]))
+    return path
+
+
+@pytest.fixture(scope="session")
 def synthetic_sentencepiece(synthetic_corpus):
     from training.tokenizer import train_sentencepiece
 

@@ -58,7 +58,6 @@ def start(tmp_path_factory):
         "source": source,
         "target_input": np.concatenate([np.full((6, 1), 2, np.int32), target[:, :-1]], axis=1),
         "target_output": target,
-        "batch_tokens": np.full([6], np.sum(target != 0), np.int32),
         "dropped_pairs": np.zeros([6], np.int64),
     }
     np.savez(path / "batch.npz", **batch)

@@ -16,7 +16,6 @@ import pytest
 
 from conftest import ROOT
 from keras_transformer import Transformer
-from training import synthetic
 from training.run_folder import RunFolder
 
 WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
@@ -67,13 +66,8 @@ def _weights(run_dir, step):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A folder of text files of three shards' size (two processes each need one)."""
-    path = tmp_path_factory.mktemp("corpus")
-    splits = synthetic.generate_splits(0, train=45_000, dev=10, test=10)
-    for side, lang in enumerate(("en", "de")):
-        (path / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in splits["train"]))
-    return path
+def corpus(three_shard_corpus):
+    return three_shard_corpus
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +84,7 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     # One process speaks: the bar and the checkpoints are printed by process 0 alone.
     assert "Saved checkpoint" in outputs[0] and "Saved checkpoint" not in outputs[1]
     assert "24/24" in outputs[0] and "24/24" not in outputs[1]
-    state = json.loads((run_dir / "checkpoints" / "ckpt-24" / "state.json").read_text())
-    assert state["processes"] == 2
+    assert json.loads((run_dir / "training.json").read_text())["processes"] == 2
     # Each process wrote the shards of its own share: 0 and 2, and 1.
     tokenized = next((run_dir / "data").glob("tokenized-*"))
     assert sorted(p.name for p in tokenized.iterdir()) == [f"shard-0000{i}.tfrecord" for i in range(3)]
@@ -140,4 +133,4 @@ def test_a_killed_peer_ends_the_other_and_the_rerun_resumes_exactly(two_processe
         cwd=ROOT, env=_environment(4), capture_output=True, text=True,
     )  # fmt: skip
     assert refused.returncode != 0
-    assert "was saved by 2 process(es), and 1 now" in refused.stderr
+    assert "processes: 2 in " in refused.stderr and "training.json, 1 now" in refused.stderr

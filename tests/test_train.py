@@ -88,13 +88,16 @@ def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_toke
 
 def test_a_run_folder_holding_a_different_run_is_refused(tmp_path):
     run = RunFolder(str(tmp_path))
-    settings = {"backend": "tensorflow", "dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0}
+    settings = {"backend": "tensorflow", "dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0,
+                "processes": 1}  # fmt: skip
     run.check_or_write(TransformerConfig.tiny(100), settings)
     run.check_or_write(TransformerConfig.tiny(100), {**settings, "steps": 5})  # may change
     with pytest.raises(ValueError, match=r"holds a different run \(d_model: 128 in .*config.json, 256 now"):
         run.check_or_write(TransformerConfig.tiny(100, d_model=256), settings)
     with pytest.raises(ValueError, match=r"dataset: 'synthetic' in .*training.json, 'tfds:x' now"):
         run.check_or_write(TransformerConfig.tiny(100), {**settings, "dataset": "tfds:x"})
+    with pytest.raises(ValueError, match=r"processes: 1 in .*training.json, 2 now\).*\(and number of processes\)"):
+        run.check_or_write(TransformerConfig.tiny(100), {**settings, "processes": 2}, write=False)
     with pytest.raises(ValueError, match=r"trained under tensorflow .* resume it with KERAS_BACKEND=tensorflow"):
         run.check_or_write(TransformerConfig.tiny(100), {**settings, "backend": "jax"})
 

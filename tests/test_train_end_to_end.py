@@ -67,31 +67,53 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_multiworker_on_two_processes_equals_one_device(tmp_path):
-    # Buckets 8 and 16 hold 64 and 32 rows, so one device and two workers see the same batches.
-    flags = ["--steps", "6", "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate"]
-    single = tmp_path / "single"
-    subprocess.run(train_command(single, *flags), check=True, cwd=ROOT, capture_output=True)
+def _start_workers(run_dir, flags, weights_out):
+    """Two TensorFlow workers on 127.0.0.1 (TF_CONFIG), each training through training.train."""
     cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
     processes = []
     for index in range(2):
-        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        command = [sys.executable, os.path.join(ROOT, "tests", "multiworker_worker.py"), "--run-dir", str(tmp_path / "run"),
-                   *FAST_TRAINING, *flags, "--strategy", "multiworker", "--weights-out", str(tmp_path / f"worker{index}.npz")]  # fmt: skip
-        processes.append(subprocess.Popen(command, cwd=ROOT, env={**env, "PYTHONPATH": ROOT}, stderr=subprocess.PIPE, text=True))
-    for process in processes:
-        _, stderr = process.communicate(timeout=900)
-        assert process.returncode == 0, stderr[-3000:]
-    reference = _weights(single)
+        env = {**os.environ, "PYTHONPATH": ROOT,
+               "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}  # fmt: skip
+        command = ["timeout", "900", sys.executable, os.path.join(ROOT, "tests", "multiworker_worker.py"), "--run-dir",
+                   str(run_dir), *flags, "--strategy", "multiworker", "--weights-out", str(weights_out / f"worker{index}.npz")]  # fmt: skip
+        processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [process.communicate(timeout=900)[0] for process in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-3000:]
+    return outputs
+
+
+@pytest.mark.slow
+def test_two_workers_each_read_a_share_and_train_and_resume_as_one_device_on_the_same_global_batches(
+    three_shard_corpus, tmp_path
+):
+    data = ["--dataset", str(three_shard_corpus), "--source-lang", "en", "--target-lang", "de"]
+    flags = [*FAST_TRAINING, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60"]
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    _start_workers(run, [*flags, "--steps", "6"], tmp_path)
+    assert (run / "checkpoints" / "ckpt-6.index").exists() and (run / "checkpoints" / "worker-1" / "ckpt-6.index").exists()
+    assert json.loads((run / "training.json").read_text())["processes"] == 2
+    # Each worker wrote the shards of its own share: 0 and 2, and 1.
+    assert len(list((run / "data").glob("tokenized-*/shard-*.tfrecord"))) == 3
+    # Resumed, each worker from its own checkpoint (its position in its share).
+    outputs = _start_workers(run, [*flags, "--steps", "9"], tmp_path)
+    assert f"Resumed from {run}/checkpoints/ckpt-6 at step 6." in outputs[0] and "Resumed" not in outputs[1]
+
+    # One device, on global batches made of the two shares' rows (tests/backend_worker.py), the same way.
+    os.makedirs(reference)
+    shutil.copy(run / "tokenizer.model", reference / "tokenizer.model")
+    for steps in ("6", "9"):
+        command = ["timeout", "900", sys.executable, os.path.join(ROOT, "tests", "backend_worker.py"), "two-shares",
+                   str(reference), *flags, "--steps", steps, "--strategy", "cpu"]  # fmt: skip
+        subprocess.run(command, check=True, cwd=ROOT, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
+    expected = _weights(reference)
     for worker in ("worker0", "worker1"):
         with np.load(tmp_path / f"{worker}.npz") as weights:
-            assert len(weights.files) == len(reference) > 10
+            assert len(weights.files) == len(expected) > 10
             # All-reduce sums in another order; key biases turn float noise into Adam steps (test_train).
-            for name, expected in zip(weights.files, reference):
-                np.testing.assert_allclose(weights[name], expected, rtol=1e-4, atol=5e-5)
-    assert (tmp_path / "run" / "checkpoints" / "ckpt-6.index").exists()
-    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 6
+            for name, value in zip(weights.files, expected):
+                np.testing.assert_allclose(weights[name], value, rtol=1e-4, atol=5e-5)
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 9
 
 
 def _scalar_tags(log_dir):

@@ -255,8 +255,7 @@ def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, s
     schedule's seeded order instead: each bucket has a reader of its own that skips the pairs
     of other buckets.
 
-    Yields dicts of int tensors: `source`, `target_input`, `target_output` `[B, L]`;
-    `batch_tokens` `[B]`, the batch's count of real target tokens on every row; and
+    Yields dicts of int tensors: `source`, `target_input`, `target_output` `[B, L]`; and
     `dropped_pairs` `[B]`, how many pairs were dropped so far (by the batch's reader, under a
     schedule). The count lives in the dataset's own state, so it survives checkpointing the
     iterator.
@@ -270,13 +269,10 @@ def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, s
 
     def to_model_inputs(source_ids, target_ids, dropped):
         rows = tf.shape(target_ids)[0]
-        target_output = _append_eos(target_ids)
-        real_tokens = tf.reduce_sum(tf.cast(target_output != PAD_ID, tf.int32))
         return {
             "source": source_ids,
             "target_input": tf.concat([tf.fill([rows, 1], BOS_ID), target_ids[:, :-1]], axis=1),
-            "target_output": target_output,
-            "batch_tokens": tf.fill([rows], real_tokens),
+            "target_output": _append_eos(target_ids),
             "dropped_pairs": tf.fill([rows], tf.reduce_max(dropped)),
         }
 

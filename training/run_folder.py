@@ -31,8 +31,9 @@ from training import data
 from training.tokenizer import Tokenizer
 
 # Settings that must match when a run is resumed (the others, such as --steps, may change).
+# `processes`: each process' position in its share of the data is in the checkpoints.
 RESUME_SETTINGS = ("backend", "dataset", "source_lang", "target_lang", "dev_split", "test_split", "seed", "batch_tokens",
-                   "vocab_size", "tokenizer_sample")  # fmt: skip
+                   "vocab_size", "tokenizer_sample", "processes")  # fmt: skip
 
 
 class RunFolder:
@@ -66,11 +67,13 @@ class RunFolder:
     def settings(self):
         return self._read_json(self.settings_path)
 
-    def check_or_write(self, config, settings):
-        """Records the config and settings of a new run, or checks that a resumed run matches."""
-        if not os.path.exists(self.config_path):
-            self.write_json(self.config_path, config.to_dict())
-            self.write_json(self.settings_path, settings)
+    def check_or_write(self, config, settings, write=True):
+        """Records the config and settings of a new run, or checks that a resumed run matches.
+        With `write=False` (the processes other than the chief), only checks."""
+        if not os.path.exists(self.settings_path):  # written after the config
+            if write:
+                self.write_json(self.config_path, config.to_dict())
+                self.write_json(self.settings_path, settings)
             return
         trained_by = self.settings().get("backend", "tensorflow")
         if trained_by != settings["backend"]:
@@ -84,14 +87,15 @@ class RunFolder:
             for name, old, new in _differences(self.config().to_dict(), config.to_dict())
         ] + [
             f"{name}: {old!r} in {self.settings_path}, {new!r} now"
-            for name, old, new in _differences(self.settings(), settings, RESUME_SETTINGS)
+            for name, old, new in _differences({"processes": 1, **self.settings()}, settings, RESUME_SETTINGS)
         ]
         if differences:
             raise ValueError(
                 f"The run folder {self.path} holds a different run ({'; '.join(differences)}). "
-                "Use another --run-dir, or the same flags as the run that made it."
+                "Use another --run-dir, or the same flags (and number of processes) as the run that made it."
             )
-        self.write_json(self.settings_path, settings)
+        if write:
+            self.write_json(self.settings_path, settings)
 
     def load_tokenizer(self):
         if not os.path.exists(self.tokenizer_path):

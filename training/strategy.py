@@ -47,6 +47,22 @@ def make_strategy(name="auto"):
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
+def local_replicas(strategy):
+    """The replicas of `strategy` on this worker's devices."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return len(strategy.extended.worker_devices)
+    return strategy.num_replicas_in_sync
+
+
+def worker_index(strategy):
+    """This worker's index among the workers of a multi-worker strategy (0 for the others)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver.task_type == "chief":
+        return 0
+    # With a task of type "chief" in the cluster, it is worker 0 and the workers come after it.
+    return (resolver.task_id or 0) + ("chief" in resolver.cluster_spec().as_dict())
+
+
 def is_chief(strategy):
     """Whether this worker writes checkpoints, logs and metrics (worker 0, or the only one)."""
     resolver = getattr(strategy, "cluster_resolver", None)

@@ -148,9 +148,6 @@ def train(args, strategy=None):
         if backend.is_chief:
             print(message, flush=True)
 
-    if args.max_minutes is not None and getattr(backend, "several_workers", False):
-        # Each worker has its own clock: one could stop a step before the others, which would wait forever.
-        raise ValueError("--max-minutes cannot be used with several workers: give --steps instead.")
     keras.utils.set_random_seed(args.seed)
 
     run = RunFolder(args.run_dir)
@@ -162,9 +159,9 @@ def train(args, strategy=None):
     overrides["max_length"] = args.max_length
     config = TransformerConfig.preset(args.config, tokenizer.vocab_size, **overrides)
     settings = {name: getattr(args, name) for name in vars(args)}
-    settings.update(dataset=args.dataset, source_lang=corpus.source_lang, target_lang=corpus.target_lang)
-    if backend.is_chief:
-        run.check_or_write(config, settings)
+    settings.update(dataset=args.dataset, source_lang=corpus.source_lang, target_lang=corpus.target_lang,
+                    processes=backend.num_processes)  # fmt: skip
+    run.check_or_write(config, settings, write=backend.is_chief)
 
     schedule = TransformerSchedule(config.d_model, args.warmup_steps, args.learning_rate_scale)
     backend.build(config, lambda: paper_optimizer(schedule))

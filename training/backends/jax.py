@@ -20,7 +20,7 @@ A checkpoint is a folder `DIR/checkpoints/ckpt-STEP/`:
     training_state.npz    the optimizer's variables and the model's dropout seed state
     data.index, data-*    the tf.data iterator's position (tf.train.Checkpoint); process p > 0
                           of several writes its own as data-p.index, data-p-*
-    state.json            step, training seconds, backend, processes
+    state.json            step, training seconds, backend
 
 Process 0 writes the replicated state once. It is all written into a hidden folder that
 process 0 renames into place once every process has written its part, so a crash mid-save
@@ -198,10 +198,6 @@ class JaxBackend(Backend):
         _, path = checkpoints[-1]
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
-        saved_by = state.get("processes", 1)
-        if saved_by != self.num_processes:
-            raise ValueError(f"{path} was saved by {saved_by} process(es), and {self.num_processes} now: resume it on "
-                             f"{saved_by} (each process' position in its share of the data is in the checkpoint).")  # fmt: skip
         self.model.load_weights(os.path.join(path, "model.weights.h5"))
         with np.load(os.path.join(path, "training_state.npz")) as saved:
             for prefix, variables in (("non_trainable", self.model.non_trainable_variables),
@@ -232,8 +228,7 @@ class JaxBackend(Backend):
         self._barrier(f"save {step}: written")
         if self.is_chief:
             with open(os.path.join(staging, "state.json"), "w") as f:
-                json.dump({"step": step, "train_seconds": train_seconds, "backend": self.name,
-                           "processes": self.num_processes}, f)  # fmt: skip
+                json.dump({"step": step, "train_seconds": train_seconds, "backend": self.name}, f)
             if os.path.exists(target):  # the same step saved again (a rerun): replace it
                 shutil.rmtree(target)
             os.rename(staging, target)

@@ -1,13 +1,18 @@
 """Training under TensorFlow: a tf.distribute strategy, an XLA-compiled forward and backward pass,
-and tf.train.Checkpoint files (model, optimizer, data iterator, training time)."""
+and tf.train.Checkpoint files (model, optimizer, data iterator, training time).
 
-import shutil
-import tempfile
+Under `MultiWorkerMirroredStrategy` each worker reads its own share of the training shards and
+trains on its own rows of each global batch (their bucket drawn from one schedule, as under
+JAX); worker 0's checkpoints are DIR/checkpoints/, worker w's (its position in its share, and
+the replicated state) DIR/checkpoints/worker-w/.
+"""
+
+import os
 
 import keras
 import tensorflow as tf
 
-from keras_transformer import Transformer
+from keras_transformer import PAD_ID, Transformer
 from training import strategy as strategies
 from training.backends import Backend
 from training.loss import smoothed_cross_entropy
@@ -27,8 +32,9 @@ class TensorFlowBackend(Backend):
     def __init__(self, strategy_name="auto", strategy=None, mixed_precision=False):
         self.strategy = strategy or strategies.make_strategy(strategy_name)
         self.is_chief = strategies.is_chief(self.strategy)
-        self.num_replicas = self.local_replicas = self.strategy.num_replicas_in_sync  # every worker reads every batch
-        self.several_workers = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        self.num_replicas = self.strategy.num_replicas_in_sync
+        self.local_replicas = strategies.local_replicas(self.strategy)
+        self.process_index, self.num_processes = strategies.worker_index(self.strategy), self.num_replicas // self.local_replicas
         if mixed_precision:
             on_tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
             on_gpu = bool(tf.config.list_logical_devices("GPU")) and not on_tpu
@@ -47,6 +53,16 @@ class TensorFlowBackend(Backend):
     def compile(self, label_smoothing, jit_compile=True):
         self.trainer = Trainer(self.model, self.optimizer, self.strategy, label_smoothing, jit_compile)
 
+        @tf.function
+        def value_of_replica_0(value):
+            def replica_fn():
+                context = tf.distribute.get_replica_context()
+                return context.all_reduce("SUM", tf.where(context.replica_id_in_sync_group == 0, value, 0.0))
+
+            return self.strategy.experimental_local_results(self.strategy.run(replica_fn))[0]
+
+        self._value_of_replica_0 = value_of_replica_0
+
     def train_steps(self, iterator, num_steps):
         loss, tokens, dropped = self.trainer.train_steps(iterator, tf.constant(num_steps))
         return float(loss), float(tokens), int(dropped)  # waits for the steps to finish
@@ -55,26 +71,35 @@ class TensorFlowBackend(Backend):
     def step(self):
         return int(keras.ops.convert_to_numpy(self.optimizer.iterations))  # also for a MirroredVariable
 
+    def agree(self, value):
+        if self.num_processes == 1:
+            return value
+        return float(self._value_of_replica_0(tf.constant(value, tf.float32)))
+
     def restore(self, run, iterator, keep):
         checkpoint = tf.train.Checkpoint(
             model=self.model, optimizer=self.optimizer, data=iterator, train_seconds=self.train_seconds
         )
-        # Every worker saves (saving is collective); only the chief's copy is kept.
-        directory = run.checkpoint_dir if self.is_chief else tempfile.mkdtemp(prefix="worker-checkpoints-")
-        self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep)
-        latest = tf.train.latest_checkpoint(run.checkpoint_dir)
-        if not latest:
+        # Every worker saves (saving is collective), each into its own folder: its data position is its own.
+        folders = [run.checkpoint_dir] + [os.path.join(run.checkpoint_dir, f"worker-{w}") for w in range(1, self.num_processes)]
+        self.manager = tf.train.CheckpointManager(checkpoint, folders[self.process_index], max_to_keep=keep)
+        # The latest step that every worker saved (a crash may have stopped one before the others).
+        saved = [_saved_steps(folder) for folder in folders]
+        common = set.intersection(*saved)
+        if not common:
             return None, 0.0
-        checkpoint.restore(latest)
+        latest = os.path.join(folders[self.process_index], f"ckpt-{max(common)}")
+        checkpoint.restore(latest).assert_consumed()
         return latest, float(self.train_seconds)
 
     def save(self, step, train_seconds):
         self.train_seconds.assign(train_seconds)
         return self.manager.save(checkpoint_number=step)
 
-    def close(self):
-        if self.manager is not None and not self.is_chief:
-            shutil.rmtree(self.manager.directory, ignore_errors=True)
+
+def _saved_steps(folder):
+    state = tf.train.get_checkpoint_state(folder)
+    return {int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths} if state else set()
 
 
 class Trainer:
@@ -82,6 +107,7 @@ class Trainer:
 
     def __init__(self, model, optimizer, strategy, label_smoothing=0.1, jit_compile=True):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
+        self.local_replicas = strategies.local_replicas(strategy)
         self.label_smoothing = label_smoothing
         # Forward and backward passes are one XLA computation. The update stays outside it: under
         # MirroredStrategy it all-reduces the gradients, which XLA cannot hold (on TPU all of it
@@ -89,19 +115,21 @@ class Trainer:
         self.loss_and_gradients = tf.function(self._loss_and_gradients, jit_compile=jit_compile)
         self.train_steps = tf.function(self._train_steps)
 
-    def _loss_and_gradients(self, batch):
+    def _loss_and_gradients(self, batch, global_tokens):
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             logits = self.model((batch["source"], batch["target_input"]), training=True)
             loss_sum, tokens = smoothed_cross_entropy(batch["target_output"], logits, self.label_smoothing)
             # Every replica divides by the global batch's token count: the summed gradients are
             # those of the mean over the global batch, however it is split.
-            loss = loss_sum / tf.cast(batch["batch_tokens"][0], tf.float32)
+            loss = loss_sum / global_tokens
             scaled_loss = self.optimizer.scale_loss(loss)
         return loss_sum, tokens, tape.gradient(scaled_loss, variables)
 
     def _replica_step(self, batch):
-        loss_sum, tokens, gradients = self.loss_and_gradients(batch)
+        tokens = tf.reduce_sum(tf.cast(batch["target_output"] != PAD_ID, tf.float32))
+        global_tokens = tf.distribute.get_replica_context().all_reduce("SUM", tokens)
+        loss_sum, tokens, gradients = self.loss_and_gradients(batch, global_tokens)
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
         return loss_sum, tokens, tf.reduce_max(batch["dropped_pairs"])
 
@@ -109,14 +137,15 @@ class Trainer:
         """Runs `num_steps` steps in one call; returns the mean loss per target token, the number
         of target tokens, and the count of training pairs dropped for length so far.
 
-        `iterator` is a plain tf.data iterator of global batches (so that a checkpoint can hold
-        it: distributed iterators cannot be saved); each replica takes its own rows of a batch.
+        `iterator` is a plain tf.data iterator of this worker's rows of each global batch (so
+        that a checkpoint can hold it: distributed iterators cannot be saved); each of the
+        worker's replicas takes its own rows of them.
         """
         loss_total, tokens_total, dropped = tf.constant(0.0), tf.constant(0.0), tf.constant(0, tf.int64)
         for _ in tf.range(num_steps):
             batch = next(iterator)
             per_replica = self.strategy.experimental_distribute_values_from_function(
-                lambda context: _rows_of_replica(batch, context)
+                lambda context: _rows_of_replica(batch, context, self.local_replicas)
             )
             loss_sum, tokens, replica_dropped = self.strategy.run(self._replica_step, args=(per_replica,))
             loss_total += self.strategy.reduce("SUM", loss_sum, axis=None)
@@ -125,8 +154,9 @@ class Trainer:
         return loss_total / tokens_total, tokens_total, dropped
 
 
-def _rows_of_replica(batch, context):
-    """The slice of a global batch that one replica trains on."""
-    rows = tf.shape(batch["source"])[0] // context.num_replicas_in_sync
-    start = rows * context.replica_id_in_sync_group
+def _rows_of_replica(batch, context, local_replicas):
+    """The slice of a worker's rows of a global batch that one of its `local_replicas` trains on
+    (a worker's replicas are numbered one after another)."""
+    rows = tf.shape(batch["source"])[0] // local_replicas
+    start = rows * (context.replica_id_in_sync_group % local_replicas)
     return {name: value[start : start + rows] for name, value in batch.items()}
