@@ -76,8 +76,8 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
     model, checkpoint = run.load_model(checkpoint)
     tokenizer = run.load_tokenizer()
     run_settings, metrics = run.settings(), {}
-    if os.path.exists(run.metrics_path):
-        with open(run.metrics_path) as f:
+    if tf.io.gfile.exists(run.metrics_path):
+        with tf.io.gfile.GFile(run.metrics_path) as f:
             metrics = json.load(f)
     os.makedirs(base, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".export-{version}-", dir=base)  # hidden: TF Serving skips it
@@ -97,8 +97,8 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         os.makedirs(assets)
         with open(os.path.join(assets, "metadata.json"), "w") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
-        shutil.copy(run.config_path, os.path.join(assets, "config.json"))
-        shutil.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
+        tf.io.gfile.copy(run.config_path, os.path.join(assets, "config.json"))
+        tf.io.gfile.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches)
         saved = os.path.join(staging, "model")

@@ -9,6 +9,8 @@
                                            the backend, on sentences; prints JSON
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
+    remote RUN_DIR ...FLAGS                train 4 steps, then on to 8 (resuming), and average, in a
+                                           run folder on a non-POSIX filesystem (ram://); prints JSON
     two-shares RUN_DIR ...FLAGS            train with FLAGS in this one process on global batches
                                            made as two processes make them: rows of share 0 of
                                            2, then rows of share 1, of one scheduled bucket
@@ -83,6 +85,18 @@ def crash_mid_save(run_dir, *flags):
     print(json.dumps(sorted(os.listdir(os.path.join(run_dir, "checkpoints")))))
 
 
+def remote(run_dir, *flags):
+    from training.average_checkpoints import average_checkpoints
+
+    train(parse_args(["--run-dir", run_dir, *flags, "--steps", "4"]))
+    _, metrics = train(parse_args(["--run-dir", run_dir, *flags, "--steps", "8"]))
+    averaged, _ = average_checkpoints(run_dir, last=2)
+    run = RunFolder(run_dir)
+    _, loaded = run.load_model()
+    print(json.dumps({"steps": metrics["steps"], "checkpoints": [step for step, _ in run.checkpoints()],
+                      "averaged": averaged, "loaded": loaded}))  # fmt: skip
+
+
 def two_shares(run_dir, *flags):
     batches_of_a_share = data.training_batches
 
@@ -103,4 +117,4 @@ def two_shares(run_dir, *flags):
 
 
 if __name__ == "__main__":
-    {"step": step, "translate": translate, "crash-mid-save": crash_mid_save, "two-shares": two_shares}[sys.argv[1]](*sys.argv[2:])
+    {"step": step, "translate": translate, "crash-mid-save": crash_mid_save, "two-shares": two_shares, "remote": remote}[sys.argv[1]](*sys.argv[2:])

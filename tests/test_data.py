@@ -26,7 +26,7 @@ def test_files_of_different_lengths_are_named(tmp_path):
         shards.cut_text_files(source, target, str(tmp_path / "cut"))
     with pytest.raises(ValueError, match=rf"{target} has 2 lines but {source} has 3"):
         shards.cut_text_files(target, source, str(tmp_path / "cut"))
-    assert not os.path.exists(tmp_path / "cut")
+    assert not os.path.exists(tmp_path / "cut" / "index.json")  # no cut that a later run would read
 
 
 def test_an_empty_file_is_named(tmp_path):

@@ -119,7 +119,8 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_
     output = run_under("jax", WORKER, "crash-mid-save", run, *FAST)
     assert "crashed: disk full (simulated)" in output
     left = json.loads(output.splitlines()[-1])
-    assert "ckpt-8" in left and "ckpt-16" not in left and any(name.startswith(".ckpt-16") for name in left)
+    # ckpt-16 was begun, but has no state.json: not a checkpoint.
+    assert left == ["ckpt-16", "ckpt-8"] and not os.path.exists(os.path.join(run, "checkpoints", "ckpt-16", "state.json"))
     resumed = run_under("jax", "-m", "training.train", "--run-dir", run, *FAST)
     assert f"Resumed from {run}/checkpoints/ckpt-8 at step 8." in resumed
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["ckpt-16", "ckpt-8"]
@@ -149,6 +150,16 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_
     assert '"sentences": 8' in evaluated and "averaged/ckpt-16.weights.h5" in evaluated
     exported = run_under("jax", "-m", "export", "--run-dir", run, "--out", str(tmp_path / "exports"))
     assert f"Exported to {tmp_path}/exports/1" in exported
+
+
+@pytest.mark.slow
+def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages():
+    """As test_train_end_to_end's TensorFlow run on ram:// (in one process: ram:// is its memory)."""
+    output = run_under("jax", WORKER, "remote", "ram://runs/jax", *FAST)
+    assert "Resumed from ram://runs/jax/checkpoints/ckpt-4 at step 4." in output
+    result = json.loads(output.splitlines()[-1])
+    assert result["steps"] == 8 and result["checkpoints"] == [4, 8]
+    assert result["averaged"] == result["loaded"] == "ram://runs/jax/averaged/ckpt-8.weights.h5"
 
 
 @pytest.mark.slow

@@ -175,3 +175,39 @@ def test_average_checkpoints_is_the_mean_and_is_used_only_while_newest(tmp_path,
     assert f"the average in {run.averaged_dir} is of steps [2, 3], older" in capsys.readouterr().err
     for loaded, newest in zip(latest.get_weights(), models[3].get_weights()):
         np.testing.assert_array_equal(loaded, newest)
+
+
+@pytest.mark.slow
+def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_and_exports(
+    synthetic_corpus, tmp_path, capsys
+):
+    """TensorFlow's in-memory filesystem (ram://) stands in for a bucket: no POSIX calls, and a
+    folder cannot be renamed. A text-file corpus, so that the cut is written there too."""
+    import tensorflow as tf
+
+    from export.saved_model import export
+    from training.average_checkpoints import average_checkpoints
+    from training.run_folder import RunFolder
+    from training.train import parse_args, train
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for side, lang in enumerate(("en", "de")):
+        (data / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in synthetic_corpus.text_pairs("train", 600)))
+    run_dir = "ram://runs/remote"
+    flags = ["--run-dir", run_dir, *FAST_TRAINING, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de",
+             "--checkpoint-every", "4", "--no-evaluate"]  # fmt: skip
+    train(parse_args([*flags, "--steps", "4"]))
+    _, metrics = train(parse_args([*flags, "--steps", "8"]))
+    assert f"Resumed from {run_dir}/checkpoints/ckpt-4 at step 4." in capsys.readouterr().out
+    assert metrics["steps"] == 8
+    run = RunFolder(run_dir)
+    assert [step for step, _ in run.checkpoints()] == [4, 8]
+    assert tf.io.gfile.exists(f"{run_dir}/data/text/index.json") and tf.io.gfile.glob(f"{run_dir}/data/tokenized-*/shard-00000.tfrecord")
+    assert tf.io.gfile.glob(f"{run_dir}/logs/train/events.out.tfevents.*")
+
+    saved, _ = average_checkpoints(run_dir, last=2)
+    assert saved == f"{run_dir}/averaged/ckpt-8.weights.h5" and run.latest_checkpoint() == saved
+    served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports")))
+    assert served.signatures["serving_default"](text=tf.constant(["the dog sees a cat ."]))["translation"].shape == [1]
+    assert not os.path.exists("ram:") and not os.path.exists(os.path.join(ROOT, "ram:"))  # nothing went to a local "ram:" folder

@@ -13,8 +13,10 @@ from training.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
+import tensorflow as tf  # noqa: E402
+
 from keras_transformer import Transformer  # noqa: E402
-from training.run_folder import RunFolder, load_weights  # noqa: E402
+from training.run_folder import RunFolder, load_weights, written_locally  # noqa: E402
 
 
 def average_checkpoints(run_dir, last=5):
@@ -32,14 +34,14 @@ def average_checkpoints(run_dir, last=5):
     model.set_weights([t / len(checkpoints) for t in total])
     steps = [step for step, _ in checkpoints]
     name = f"ckpt-{steps[-1]}.weights.h5"
-    os.makedirs(run.averaged_dir, exist_ok=True)
+    tf.io.gfile.makedirs(run.averaged_dir)
     saved = os.path.join(run.averaged_dir, name)
-    model.save_weights(saved + ".tmp.weights.h5")
-    os.replace(saved + ".tmp.weights.h5", saved)
+    with written_locally(saved) as local:
+        model.save_weights(local)
     run.write_json(os.path.join(run.averaged_dir, "averaged.json"), {"file": name, "steps": steps})
-    for old in os.listdir(run.averaged_dir):  # after the record names the new file
+    for old in tf.io.gfile.listdir(run.averaged_dir):  # after the record names the new file
         if old.endswith(".weights.h5") and old != name:
-            os.remove(os.path.join(run.averaged_dir, old))
+            tf.io.gfile.remove(os.path.join(run.averaged_dir, old))
     paths = [path for _, path in checkpoints]
     run.update_metrics({"averaged_checkpoints": [os.path.basename(p) for p in paths]})
     return saved, paths

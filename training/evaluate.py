@@ -108,8 +108,8 @@ def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, li
         "decode_seconds": round(time.perf_counter() - start, 1),
     }
     if output_path:
-        with open(output_path, "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in translations)
+        with tf.io.gfile.GFile(output_path, "w") as f:
+            f.write("".join(line + "\n" for line in translations))
     return metrics
 
 

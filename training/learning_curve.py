@@ -8,7 +8,6 @@ budgets, resumed runs included, without the evaluations' own time.
 """
 
 import argparse
-import glob
 import os
 import sys
 
@@ -24,7 +23,7 @@ def read_scalars(log_dir):
     """`{tag: {step: value}}` from the event files under `log_dir` (one writer's folder); where
     a resumed run logged a step again, the later value."""
     events = []
-    for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+    for path in sorted(tf.io.gfile.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
         events += list(tf.compat.v1.train.summary_iterator(path))
     scalars = {}
     for event in sorted(events, key=lambda event: event.wall_time):
@@ -62,11 +61,12 @@ def plot(run_dir, output_path=None, title=None):
     bleu_axis = loss_axis.twinx()
     bleu_axis.plot(bleu_minutes, bleu, color="tab:red", marker="o")
     bleu_axis.set_ylabel("dev BLEU (cased sacreBLEU)", color="tab:red")
-    loss_axis.set_title(title or os.path.basename(os.path.abspath(run_dir)))
+    loss_axis.set_title(title or os.path.basename(str(run_dir).rstrip("/")))
     loss_axis.grid(alpha=0.3)
     figure.tight_layout()
     output_path = output_path or os.path.join(run_dir, "learning_curve.png")
-    figure.savefig(output_path)
+    with tf.io.gfile.GFile(output_path, "wb") as f:
+        figure.savefig(f, format="png")
     pyplot.close(figure)
     return output_path
 

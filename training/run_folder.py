@@ -1,4 +1,6 @@
-"""The run folder: everything a training run writes, in one place.
+"""The run folder: everything a training run writes, in one place. A local folder, or one on a
+filesystem of TensorFlow's (`gs://` for a bucket): every file goes through `tf.io.gfile`, and
+what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written locally and copied.
 
     DIR/config.json          the model's TransformerConfig
     DIR/training.json        the data and training settings that a resumed run must share,
@@ -10,24 +12,27 @@
                              TFRecord file per shard, written while the first epoch trains
     DIR/checkpoints/         model, optimizer, step and data position: tf.train.Checkpoint files
                              `ckpt-STEP.*` (TensorFlow) or folders `ckpt-STEP/` (JAX; see
-                             training/backends/jax.py), the last few kept
+                             training/backends/jax.py), the last few kept; worker-w/, the
+                             checkpoints of TensorFlow's worker w > 0
     DIR/averaged/            ckpt-STEP.weights.h5, the average of the last checkpoints, and
                              averaged.json, the steps it averages (training.average_checkpoints)
     DIR/logs/                TensorBoard: train/ and dev/
     DIR/metrics.json         test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import sys
+import tempfile
 
 import keras
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from training import data
+from training import data, shards
 from training.tokenizer import Tokenizer
 
 # Settings that must match when a run is resumed (the others, such as --steps, may change).
@@ -49,17 +54,17 @@ class RunFolder:
         self.metrics_path = os.path.join(path, "metrics.json")
 
     def _read_json(self, path):
-        if not os.path.exists(path):
+        if not tf.io.gfile.exists(path):
             raise ValueError(f"{path} does not exist: is {self.path} a run folder of training.train?")
-        with open(path) as f:
+        with tf.io.gfile.GFile(path) as f:
             return json.load(f)
 
     def write_json(self, path, values):
-        """Writes atomically: a crash leaves the old file or the new one, never half of one."""
-        os.makedirs(self.path, exist_ok=True)
-        with open(path + ".tmp", "w") as f:
+        """Writes aside and renames: a crash leaves the old file or the new one, never half of one."""
+        tf.io.gfile.makedirs(os.path.dirname(path))
+        with tf.io.gfile.GFile(shards.aside(path), "w") as f:
             json.dump(values, f, indent=2, sort_keys=True)
-        os.replace(path + ".tmp", path)
+        tf.io.gfile.rename(shards.aside(path), path, overwrite=True)
 
     def config(self):
         return TransformerConfig.from_dict(self._read_json(self.config_path))
@@ -70,7 +75,7 @@ class RunFolder:
     def check_or_write(self, config, settings, write=True):
         """Records the config and settings of a new run, or checks that a resumed run matches.
         With `write=False` (the processes other than the chief), only checks."""
-        if not os.path.exists(self.settings_path):  # written after the config
+        if not tf.io.gfile.exists(self.settings_path):  # written after the config
             if write:
                 self.write_json(self.config_path, config.to_dict())
                 self.write_json(self.settings_path, settings)
@@ -98,7 +103,7 @@ class RunFolder:
             self.write_json(self.settings_path, settings)
 
     def load_tokenizer(self):
-        if not os.path.exists(self.tokenizer_path):
+        if not tf.io.gfile.exists(self.tokenizer_path):
             raise ValueError(f"{self.tokenizer_path} does not exist: is {self.path} a run folder of training.train?")
         return Tokenizer.load(self.tokenizer_path)
 
@@ -120,10 +125,11 @@ class RunFolder:
         state = tf.train.get_checkpoint_state(self.checkpoint_dir)
         if state:  # TensorFlow: the CheckpointManager's list of file prefixes
             found += [(_step_of(path), path) for path in state.all_model_checkpoint_paths]
-        names = os.listdir(self.checkpoint_dir) if os.path.isdir(self.checkpoint_dir) else []
-        for name in names:  # JAX: complete folders (a save in progress has a hidden name)
+        names = tf.io.gfile.listdir(self.checkpoint_dir) if tf.io.gfile.isdir(self.checkpoint_dir) else []
+        for name in names:  # JAX: folders, complete once their state.json is written
+            name = name.rstrip("/")
             path = os.path.join(self.checkpoint_dir, name)
-            if re.fullmatch(r"ckpt-\d+", name) and os.path.exists(os.path.join(path, "state.json")):
+            if re.fullmatch(r"ckpt-\d+", name) and tf.io.gfile.exists(os.path.join(path, "state.json")):
                 found.append((_step_of(name), path))
         return sorted(found)
 
@@ -135,7 +141,7 @@ class RunFolder:
     def averaged(self):
         """(path, the steps it averages) of the averaged checkpoint, or None."""
         path = os.path.join(self.averaged_dir, "averaged.json")
-        if not os.path.exists(path):
+        if not tf.io.gfile.exists(path):
             return None
         record = self._read_json(path)
         return os.path.join(self.averaged_dir, record["file"]), record["steps"]
@@ -181,12 +187,13 @@ def load_weights(model, checkpoint):
     `.weights.h5` file (Keras' format, any backend), or a tf.train.Checkpoint prefix (TensorFlow
     only; a training checkpoint also holds the optimizer and data, but every model weight must
     match)."""
-    if os.path.isdir(checkpoint):
+    if tf.io.gfile.exists(os.path.join(checkpoint, "model.weights.h5")):  # a JAX checkpoint folder
         checkpoint = os.path.join(checkpoint, "model.weights.h5")
     if checkpoint.endswith(".weights.h5"):
-        if not os.path.exists(checkpoint):
+        if not tf.io.gfile.exists(checkpoint):
             raise ValueError(f"{checkpoint} does not exist.")
-        model.load_weights(checkpoint)
+        with local_copy(checkpoint) as path:
+            model.load_weights(path)
         return
     if keras.config.backend() != "tensorflow":
         raise ValueError(
@@ -196,3 +203,38 @@ def load_weights(model, checkpoint):
     if not tf.io.gfile.exists(checkpoint + ".index"):
         raise ValueError(f"{checkpoint} is not a checkpoint (no {checkpoint}.index).")
     tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
+
+
+def _is_local(path):
+    return "://" not in path
+
+
+@contextlib.contextmanager
+def local_copy(path):
+    """`path`, or a local copy of it if it is on another filesystem (for readers of local files)."""
+    if _is_local(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        local = os.path.join(scratch, os.path.basename(path))
+        tf.io.gfile.copy(path, local)
+        yield local
+
+
+@contextlib.contextmanager
+def written_locally(path):
+    """A local path to write `path`'s content to; copied to `path` when the block ends (for
+    writers of local files only). A local `path` is written aside and renamed into place."""
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(path) if _is_local(path) else None) as scratch:
+        local = os.path.join(scratch, os.path.basename(path))
+        yield local
+        if _is_local(path):
+            os.replace(local, path)
+        else:
+            tf.io.gfile.copy(local, path, overwrite=True)
+
+
+def remove_tree(path):
+    """Deletes a folder and what it holds, on any filesystem; no error if it is not there."""
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(path)

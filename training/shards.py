@@ -11,8 +11,8 @@ tokenized form, written while training reads it.
                      reads the files it needs, waiting for any not yet written, so the first
                      steps do not wait for the whole split
 
-Every file written is renamed into place when complete: a run killed while writing leaves
-nothing that a later run trusts. The shards of worker w of W are those whose index i has
+Every file written is renamed into place when complete, and a cut's index.json is written after
+its shards: a run killed while writing leaves nothing that a later run trusts. The shards of worker w of W are those whose index i has
 i % W == w: each worker (or host) reads, and tokenizes, a disjoint share, and together all.
 """
 
@@ -186,8 +186,9 @@ def cut_text_files(source_path, target_path, directory, sample_size=TOKENIZER_SA
     `directory` in one streamed pass unless a complete cut of the same files is there already.
 
     The pass checks every line (line counts, UTF-8; errors name the file and line) and draws
-    `sample_size` pairs uniformly at random (a seeded reservoir) for the tokenizer. It is
-    written into a staging folder that is renamed into place at the end. With `cut=False`, the
+    `sample_size` pairs uniformly at random (a seeded reservoir) for the tokenizer. Its
+    index.json is written last: a folder without one is an interrupted cut, made again. (No
+    folder is renamed: on a bucket a rename copies every file.) With `cut=False`, the
     cut is another process' (training across hosts): this one waits for it. Returns a
     `TextFileShards`.
     """
@@ -205,22 +206,25 @@ def cut_text_files(source_path, target_path, directory, sample_size=TOKENIZER_SA
             f"({existing.index['file_sizes']} bytes), not from {files} ({sizes} bytes): the training files "
             "changed since this run started. Use a new --run-dir (or delete that folder to cut them again)."
         )
-    staging = f"{directory}.tmp-{os.getpid()}"
-    if tf.io.gfile.exists(staging):
-        tf.io.gfile.rmtree(staging)
-    tf.io.gfile.makedirs(staging)
-    shard_sizes, sample = _cut(files["source"], files["target"], staging, sample_size, seed, pairs_per_shard)
+    if tf.io.gfile.exists(directory):  # a cut that was interrupted: it has no index.json
+        tf.io.gfile.rmtree(directory)
+    tf.io.gfile.makedirs(directory)
+    shard_sizes, sample = _cut(files["source"], files["target"], directory, sample_size, seed, pairs_per_shard)
     for suffix, lines in (("src", sample[0]), ("tgt", sample[1])):
-        with tf.io.gfile.GFile(os.path.join(staging, f"sample.{suffix}"), "wb") as f:
+        with tf.io.gfile.GFile(os.path.join(directory, f"sample.{suffix}"), "wb") as f:
             f.write(b"".join(lines))
     index = {"files": files, "file_sizes": sizes, "shard_sizes": shard_sizes, "sample_pairs": len(sample[0]), "seed": seed}
-    with tf.io.gfile.GFile(os.path.join(staging, "index.json"), "w") as f:
+    with tf.io.gfile.GFile(aside(index_path), "w") as f:
         json.dump(index, f, indent=2)
-    try:
-        tf.io.gfile.rename(staging, directory)
-    except tf.errors.OpError:  # another worker's cut of the same files got there first
-        tf.io.gfile.rmtree(staging)
+    tf.io.gfile.rename(aside(index_path), index_path, overwrite=True)  # last: the cut is complete
     return TextFileShards(directory)
+
+
+def aside(path, tag="tmp"):
+    """Where `path` is written before it is renamed into place: DIR/.NAME.TAG. Not DIR/NAME.TAG,
+    which some filesystems (TensorFlow's ram://) take for a folder holding DIR/NAME."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}.{tag}")
 
 
 # How long a process waits for another's file before it gives up.
@@ -264,7 +268,7 @@ def _lines_left(f):
     return sum(1 for _ in f)
 
 
-def _cut(source_path, target_path, staging, sample_size, seed, pairs_per_shard):
+def _cut(source_path, target_path, directory, sample_size, seed, pairs_per_shard):
     """The streamed pass of `cut_text_files`; returns (shard sizes, (source sample, target
     sample)), the sample's lines as bytes with their newlines."""
     reservoir = _Reservoir(sample_size, seed)
@@ -294,7 +298,7 @@ def _cut(source_path, target_path, staging, sample_size, seed, pairs_per_shard):
             start, offsets = 0, [0, 0]
             while start < len(sources):  # fill the current shard, then the next
                 if out is None:
-                    names = [os.path.join(staging, f"shard-{len(shard_sizes):05d}.{suffix}") for suffix in ("src", "tgt")]
+                    names = [os.path.join(directory, f"shard-{len(shard_sizes):05d}.{suffix}") for suffix in ("src", "tgt")]
                     out = [tf.io.gfile.GFile(name, "wb") for name in names]
                     shard_sizes.append(0)
                 take = min(pairs_per_shard - shard_sizes[-1], len(sources) - start)
@@ -430,7 +434,7 @@ class TokenizedShards:
 
     def _write(self, shard, progress):
         """Writes one shard aside and renames it into place; False if stopped first."""
-        staging = f"{self.path(shard)}.tmp-{_HOST}-{os.getpid()}"
+        staging = aside(self.path(shard), f"tmp-{_HOST}-{os.getpid()}")
         tokenizer = self.tokenizer
         batches = self.text.pairs(shard).batch(_TOKENIZE_BATCH).map(
             lambda sources, targets: (tokenizer.encode_source(sources), tokenizer.tokenize(targets)),

@@ -116,16 +116,16 @@ def get_tokenizer(run, text, vocab_size, is_chief):
     processes wait for)."""
     if not is_chief:
         shards.wait_for(run.tokenizer_path, "process 0 to train the tokenizer")
-    if not os.path.exists(run.tokenizer_path):
+    if not tf.io.gfile.exists(run.tokenizer_path):
         start = time.perf_counter()
         pairs = text.sample()
         print(f"Training a SentencePiece tokenizer ({vocab_size:,} pieces at most) on {len(pairs):,} pairs sampled "
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
         tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size))
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
-        os.makedirs(run.path, exist_ok=True)
-        tokenizer.save(run.tokenizer_path + ".tmp")
-        os.replace(run.tokenizer_path + ".tmp", run.tokenizer_path)
+        tf.io.gfile.makedirs(run.path)
+        tokenizer.save(shards.aside(run.tokenizer_path))
+        tf.io.gfile.rename(shards.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
         return tokenizer
     return run.load_tokenizer()
 

@@ -22,14 +22,13 @@ A checkpoint is a folder `DIR/checkpoints/ckpt-STEP/`:
                           of several writes its own as data-p.index, data-p-*
     state.json            step, training seconds, backend
 
-Process 0 writes the replicated state once. It is all written into a hidden folder that
-process 0 renames into place once every process has written its part, so a crash mid-save
-leaves the previous checkpoints as they were.
+Process 0 writes the replicated state once, and state.json last, once every process has written
+its part: a folder without it is an interrupted save, which is ignored and then removed. (No
+folder is renamed: on a bucket a rename copies every file.)
 """
 
 import json
 import os
-import shutil
 
 import jax
 import keras
@@ -40,6 +39,7 @@ import tensorflow as tf
 from keras_transformer import Transformer
 from training.backends import Backend
 from training.loss import smoothed_cross_entropy
+from training.run_folder import load_weights, local_copy, remove_tree, written_locally
 
 # The batch fields the step reads (`dropped_pairs` is read on the host).
 STEP_INPUTS = ("source", "target_input", "target_output")
@@ -187,19 +187,21 @@ class JaxBackend(Backend):
     def restore(self, run, iterator, keep):
         self.run, self.keep = run, keep
         self.checkpoint = tf.train.Checkpoint(data=iterator)
-        if self.is_chief:
-            for name in os.listdir(run.checkpoint_dir) if os.path.isdir(run.checkpoint_dir) else []:
-                if name.startswith(".ckpt-"):  # a save that a crash interrupted
-                    shutil.rmtree(os.path.join(run.checkpoint_dir, name), ignore_errors=True)
-        checkpoints = run.checkpoints()
+        complete = run.checkpoints()
+        if self.is_chief:  # saves that a crash interrupted: folders without their state.json
+            names = tf.io.gfile.listdir(run.checkpoint_dir) if tf.io.gfile.isdir(run.checkpoint_dir) else []
+            for name in names:
+                path = os.path.join(run.checkpoint_dir, name.rstrip("/"))
+                if name.startswith(("ckpt-", ".ckpt-")) and path not in [p for _, p in complete]:
+                    remove_tree(path)
         self._barrier("restore")  # every process has listed the checkpoints before any writes
-        if not checkpoints:
+        if not complete:
             return None, 0.0
-        _, path = checkpoints[-1]
-        with open(os.path.join(path, "state.json")) as f:
+        _, path = complete[-1]
+        with tf.io.gfile.GFile(os.path.join(path, "state.json")) as f:
             state = json.load(f)
-        self.model.load_weights(os.path.join(path, "model.weights.h5"))
-        with np.load(os.path.join(path, "training_state.npz")) as saved:
+        load_weights(self.model, path)
+        with local_copy(os.path.join(path, "training_state.npz")) as local, np.load(local) as saved:
             for prefix, variables in (("non_trainable", self.model.non_trainable_variables),
                                       ("optimizer", self.optimizer.variables)):  # fmt: skip
                 for index, variable in enumerate(variables):
@@ -213,26 +215,24 @@ class JaxBackend(Backend):
 
     def save(self, step, train_seconds):
         run = self.run
-        target = os.path.join(run.checkpoint_dir, f"ckpt-{step}")
-        staging = os.path.join(run.checkpoint_dir, f".ckpt-{step}")
+        folder = os.path.join(run.checkpoint_dir, f"ckpt-{step}")
         self.sync_model()
         if self.is_chief:
-            shutil.rmtree(staging, ignore_errors=True)
-            os.makedirs(staging)
-            self.model.save_weights(os.path.join(staging, "model.weights.h5"))
+            remove_tree(folder)  # the same step saved again (a rerun): it is complete only at the end
+            tf.io.gfile.makedirs(folder)
+            with written_locally(os.path.join(folder, "model.weights.h5")) as local:
+                self.model.save_weights(local)
             arrays = {f"non_trainable/{i}": np.asarray(v) for i, v in enumerate(self.state[1])}
             arrays.update({f"optimizer/{i}": np.asarray(v) for i, v in enumerate(self.state[2])})
-            np.savez(os.path.join(staging, "training_state.npz"), **arrays)
-        self._barrier(f"save {step}: staging")
-        self.checkpoint.write(self._data_prefix(staging))
+            with written_locally(os.path.join(folder, "training_state.npz")) as local:
+                np.savez(local, **arrays)
+        self._barrier(f"save {step}: folder made")
+        self.checkpoint.write(self._data_prefix(folder))
         self._barrier(f"save {step}: written")
-        if self.is_chief:
-            with open(os.path.join(staging, "state.json"), "w") as f:
+        if self.is_chief:  # state.json last: it marks the checkpoint complete
+            with tf.io.gfile.GFile(os.path.join(folder, "state.json"), "w") as f:
                 json.dump({"step": step, "train_seconds": train_seconds, "backend": self.name}, f)
-            if os.path.exists(target):  # the same step saved again (a rerun): replace it
-                shutil.rmtree(target)
-            os.rename(staging, target)
             for _, old in run.checkpoints()[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_tree(old)
         self._barrier(f"save {step}: done")
-        return target
+        return folder
