@@ -295,16 +295,25 @@ def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, s
             drop_remainder=True,
         )
     else:
+
+        def between(low, high):
+            def keep(*pair):
+                key = bucket_key(*pair)
+                return (key > low) & (key <= high)
+
+            return keep
+
+        def draw_bucket(draw):  # Dataset.random's integers are uniform over [0, 2**32)
+            fraction = tf.cast(draw % 2**24, tf.float64) / 2**24
+            return tf.searchsorted(cumulative, [fraction], side="right", out_type=tf.int64)[0]
+
         buckets = []
         for low, high in zip((0, *schedule.lengths), schedule.lengths):
-            in_bucket = fitting_pairs().filter(lambda *pair, low=low, high=high: (bucket_key(*pair) > low) & (bucket_key(*pair) <= high))
             rows = rows_per_batch(high, batch_tokens, batch_multiple)
+            in_bucket = fitting_pairs().filter(between(low, high))
             buckets.append(in_bucket.padded_batch(rows, padded_shapes=([high], [high], []), drop_remainder=True))
         cumulative = tf.constant(list(itertools.accumulate(schedule.weights))[:-1], tf.float64)
-        # Dataset.random's integers are uniform over [0, 2**32): their low 24 bits make a fraction.
-        choices = tf.data.Dataset.random(seed=tokenized.seed).map(
-            lambda draw: tf.searchsorted(cumulative, [tf.cast(draw % 2**24, tf.float64) / 2**24], side="right", out_type=tf.int64)[0]
-        )
+        choices = tf.data.Dataset.random(seed=tokenized.seed).map(draw_bucket)
         dataset = tf.data.Dataset.choose_from_datasets(buckets, choices)
     return dataset.map(to_model_inputs).prefetch(tf.data.AUTOTUNE)
 

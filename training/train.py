@@ -174,7 +174,7 @@ def train(args, strategy=None):
     batch_tokens = args.batch_tokens // backend.num_processes  # this process' rows of each global batch
     if backend.num_processes > 1:
         bucket_schedule = data.bucket_schedule(text, tokenizer, batch_tokens=batch_tokens, max_length=config.max_length,
-                                        num_shares=backend.num_processes)  # fmt: skip
+                                               num_shares=backend.num_processes)  # fmt: skip
     batches = data.training_batches(tokenized, batch_tokens=batch_tokens, max_length=config.max_length,
                                     batch_multiple=backend.local_replicas, schedule=bucket_schedule)  # fmt: skip
     iterator = iter(batches)
@@ -187,7 +187,6 @@ def train(args, strategy=None):
         return tf.summary.create_file_writer(os.path.join(run.log_dir, name)) if backend.is_chief else tf.summary.create_noop_writer()
 
     writer, dev_writer = log_writer("train"), log_writer("dev")
-
     progress = keras.utils.Progbar(args.steps, stateful_metrics=["loss", "lr", "tok/s"], unit_name="step",
                                    verbose=1 if backend.is_chief else 0)  # fmt: skip
     progress.update(step)
