@@ -133,6 +133,10 @@ class RunFolder:
                 found.append((_step_of(name), path))
         return sorted(found)
 
+    def worker_checkpoint_dir(self, worker):
+        """Where TensorFlow's worker `worker` keeps its checkpoints (worker 0: `checkpoint_dir`)."""
+        return self.checkpoint_dir if worker == 0 else os.path.join(self.checkpoint_dir, f"worker-{worker}")
+
     def tokenized_dir(self, tokenizer):
         """Where the training split tokenized by `tokenizer` is kept (`shards.TokenizedShards`)."""
         digest = hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]

@@ -216,8 +216,8 @@ class JaxBackend(Backend):
     def save(self, step, train_seconds):
         run = self.run
         folder = os.path.join(run.checkpoint_dir, f"ckpt-{step}")
-        self.sync_model()
-        if self.is_chief:
+        if self.is_chief:  # the one process that writes the replicated state copies it to the host
+            self.sync_model()
             remove_tree(folder)  # the same step saved again (a rerun): it is complete only at the end
             tf.io.gfile.makedirs(folder)
             with written_locally(os.path.join(folder, "model.weights.h5")) as local:

@@ -81,7 +81,7 @@ class TensorFlowBackend(Backend):
             model=self.model, optimizer=self.optimizer, data=iterator, train_seconds=self.train_seconds
         )
         # Every worker saves (saving is collective), each into its own folder: its data position is its own.
-        folders = [run.checkpoint_dir] + [os.path.join(run.checkpoint_dir, f"worker-{w}") for w in range(1, self.num_processes)]
+        folders = [run.worker_checkpoint_dir(worker) for worker in range(self.num_processes)]
         self.manager = tf.train.CheckpointManager(checkpoint, folders[self.process_index], max_to_keep=keep)
         # The latest step that every worker saved (a crash may have stopped one before the others).
         saved = [_saved_steps(folder) for folder in folders]
