@@ -37,8 +37,8 @@ import tensorflow as tf  # noqa: E402
 from bench import ctranslate2_reference  # noqa: E402
 from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
 from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
-from export.serving import PARALLEL_SEARCHES, use_serving_threads  # noqa: E402
-from keras_transformer.search import beam_search, greedy_search, in_parallel  # noqa: E402
+from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads  # noqa: E402
+from keras_transformer.search import Execution, beam_search, greedy_search  # noqa: E402
 
 # (mode, beam size, XLA): the rows of every round, then those measured once, for context.
 ROWS = [("served", 1, False), ("cached", 1, False), ("cached", 1, True), ("ctranslate2", 1, False),
@@ -89,7 +89,8 @@ def measure(mode, beam_size, xla, args):
     if mode == "full_recompute":
         decode = lambda s: full_recompute_greedy(model, s, args.length)  # noqa: E731
     else:
-        options = dict(max_extra_length=0, static_shapes=xla, eos_id=-1)
+        execution = Execution.choose(compiled=True, platform="cpu") if xla else SERVED_EXECUTION
+        options = dict(max_extra_length=0, execution=execution, eos_id=-1)
         if beam_size == 1:
             search = lambda s: greedy_search(model, s, **options)  # noqa: E731
         else:

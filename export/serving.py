@@ -10,20 +10,21 @@ source longer than the model's `max_length` tokens is cut there, and outputs hav
 `max_length + max_extra_length` tokens, so no request can take unbounded memory. An input that
 is not a vector of strings (TF Serving passes on any shape) is refused with InvalidArgument.
 
-A request's sentences are decoded by `PARALLEL_SEARCHES` independent searches
-(`keras_transformer.search.in_parallel`), which run side by side on separate cores when each op
-runs on one thread: `use_serving_threads()` here, `--tensorflow_intra_op_parallelism=1` in TF
-Serving (README).
+A request's sentences are decoded by `PARALLEL_SEARCHES` independent searches (`in_parallel`),
+which run side by side on separate cores when each op runs on one thread: `use_serving_threads()`
+here, `--tensorflow_intra_op_parallelism=1` in TF Serving (export/README.md).
 """
 
 import os
 
 import tensorflow as tf
 
-from keras_transformer.search import DecodingSettings, decode
+from keras_transformer.search import DecodingSettings, Execution, SearchResult, decode
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 PARALLEL_SEARCHES = 2
+# The served graph: TensorFlow without XLA (as the stock TF Serving binary runs it), on CPUs.
+SERVED_EXECUTION = Execution.choose(compiled=False, platform="cpu")
 
 
 def use_serving_threads():
@@ -64,6 +65,26 @@ class Translator(tf.Module):
         text = tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings")
         text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
         source_ids = self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
-        # No XLA: the growing cache.
-        result = decode(self.model, source_ids, self.settings, static_shapes=False, searches=self.searches)
+        result = in_parallel(lambda ids: decode(self.model, ids, self.settings, SERVED_EXECUTION), source_ids, self.searches)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
+
+
+def in_parallel(search, source_ids, searches):
+    """`search(source_ids)`, a `SearchResult`, as `searches` independent searches over consecutive
+    slices of the batch `[batch, source_len]` (some may be empty), concatenated: the same result.
+
+    For TensorFlow graphs on CPUs. The graph then holds that many loops that share nothing, and
+    TensorFlow runs them side by side, one per core, when each op runs on one thread (intra-op
+    parallelism 1, `use_serving_threads`): a decoding step is a chain of small ops, which gain
+    less from being spread over the cores than they lose to the threads' hand-offs. With
+    TensorFlow's default threads it makes little difference.
+    """
+    if searches == 1:
+        return search(source_ids)
+    if source_ids.shape[0] is None:  # a served graph (XLA's know their batch)
+        # One function, called once per slice: the graph (and a SavedModel) holds the search once.
+        search = tf.function(search, input_signature=[tf.TensorSpec([None, None], "int32")])
+    batch = source_ids.shape[0] if source_ids.shape[0] is not None else tf.shape(source_ids)[0]
+    cuts = [batch * i // searches for i in range(searches + 1)]
+    results = [search(source_ids[start:end]) for start, end in zip(cuts, cuts[1:])]
+    return SearchResult(*(tf.concat(parts, axis=0) for parts in zip(*results)))

@@ -15,7 +15,7 @@ from keras_transformer.positional_encoding import PositionalEncoding
 DecodingCache = collections.namedtuple("DecodingCache", ["decoder", "logits_kernel", "logits_bias"])
 DecodingCache.__doc__ = """What `Transformer.decode_step` computes once and reuses at every step.
 
-decoder: the decoder's `DecoderCache` (keras_transformer/decoder.py).
+decoder: the decoder's `GrowingCache` or `StaticCache` (keras_transformer/cache.py).
 logits_kernel: `E^T` `[d_model, vocab]`, the shared embedding transposed once per decode, not at
     every step (TensorFlow multiplies by a transposed operand more slowly).
 logits_bias: float32 `[vocab]`: `NEG_INF` at padding, which is never generated, else 0; added to
@@ -108,25 +108,27 @@ class Transformer(keras.Model):
         _, weights = self.decoder(x, encoder_output, source_mask, return_attention_scores=True)
         return weights
 
-    def init_cache(self, encoder_output, hypotheses=1, max_length=None):
+    def init_cache(self, encoder_output, source_mask, hypotheses=1, max_length=None, shared_slots=True):
         """What `decode_step` reuses while decoding `hypotheses` outputs per sentence of
-        `encoder_output` `[batch, source_len, d_model]`: a `DecodingCache`. Its self-attention
-        keys and values grow by one position a step; with `max_length` they are preallocated
-        for that many positions instead, so that their shapes stay fixed (XLA, TPUs)."""
+        `encoder_output` `[batch, source_len, d_model]`, with `source_mask` from `encode`: a
+        `DecodingCache`. Its self-attention keys and values grow by one position a step; with
+        `max_length` they are preallocated for that many positions instead, so that their shapes
+        stay fixed (XLA, TPUs). `shared_slots`: a sentence's hypotheses keep their keys and
+        values in slots of one row (keras_transformer/cache.py)."""
         vocab = self.config.vocab_size
         return DecodingCache(
-            decoder=self.decoder.init_cache(encoder_output, hypotheses, max_length),
+            decoder=self.decoder.init_cache(encoder_output, source_mask, hypotheses, max_length, shared_slots),
             logits_kernel=ops.transpose(ops.cast(self.embedding.embeddings, encoder_output.dtype)),
             logits_bias=ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, ops.zeros((vocab,), "float32")),
         )
 
     def reorder_cache(self, cache, parents, sentences=None):
         """The cache after beam search keeps, as hypothesis i of each sentence, an extension of
-        its hypothesis `parents[b, i]` (int `[sentences, hypotheses]`); with `sentences`, for
-        those sentences only (see `Decoder.reorder_cache`)."""
-        return cache._replace(decoder=self.decoder.reorder_cache(cache.decoder, parents, sentences))
+        its hypothesis `parents[b, i]` (int `[sentences, hypotheses]`); with `sentences`
+        (ascending indices), for those sentences only (`DecoderCache.reorder`)."""
+        return cache._replace(decoder=cache.decoder.reorder(parents, sentences))
 
-    def decode_step(self, token_ids, index, cache, source_mask):
+    def decode_step(self, token_ids, index, cache):
         """Decodes one position from the cache, without dropout.
 
         Args:
@@ -134,18 +136,15 @@ class Transformer(keras.Model):
                 each output; a sentence's hypotheses in adjacent rows.
             index: scalar position.
             cache: from `init_cache` (or the previous step).
-            source_mask: boolean `[batch, 1, source_len]`, from `encode`.
 
         Returns:
             (float32 logits `[batch * hypotheses, vocab]` for position `index + 1`, updated
             cache). Padding is never generated: its logit is `NEG_INF`.
         """
-        x = self.embedding(token_ids[:, None])
-        x = self.positional_encoding(x, start_index=index)
-        x, decoder = self.decoder(x, source_mask=source_mask, cache=cache.decoder, cache_index=index, training=False)
+        x = self.positional_encoding(self.embedding(token_ids[:, None]), start_index=index)
+        x, decoder = self.decoder.decode_step(x, cache.decoder, index)
         logits = ops.cast(ops.matmul(x[:, 0], cache.logits_kernel), "float32") + cache.logits_bias
-        # A loop carrying a growing cache may not know the cache's shapes: restate the vocabulary.
-        return ops.reshape(logits, (-1, self.config.vocab_size)), cache._replace(decoder=decoder)
+        return logits, cache._replace(decoder=decoder)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -7,6 +7,9 @@
                                            OUT.weights.h5 and OUT.json (losses, replicas)
     translate RUN_DIR SOURCES_JSON         greedy and beam search of the run's model, compiled for
                                            the backend, on sentences; prints JSON
+    decode WEIGHTS SOURCES_NPY             greedy and beam 4 search of the model in WEIGHTS
+                                           (.weights.h5 beside its config .json), compiled for the
+                                           backend, on source ids; prints JSON tokens and scores
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
     remote RUN_DIR ...FLAGS                train 4 steps, then on to 8 (resuming), and average, in a
@@ -50,6 +53,20 @@ def step(weights_path, batch_path, steps, out, policy="float32"):
     with open(out + ".json", "w") as f:
         json.dump({"losses": losses, "replicas": backend.num_replicas, "backend": backend.name,
                    "optimizer": type(backend.optimizer).__name__}, f)  # fmt: skip
+
+
+def decode(weights_path, sources_path):
+    from keras_transformer import Transformer
+
+    with open(weights_path.replace(".weights.h5", ".json")) as f:
+        model = Transformer(TransformerConfig.from_dict(json.load(f)))
+    model.load_weights(weights_path)
+    sources = np.load(sources_path)
+    result = {}
+    for beam_size in (1, 4):
+        tokens, scores = evaluate.compile_search(model, DecodingSettings(beam_size=beam_size, max_extra_length=4))(sources)
+        result[beam_size] = [keras.ops.convert_to_numpy(tokens).tolist(), keras.ops.convert_to_numpy(scores).tolist()]
+    print(json.dumps(result))
 
 
 def translate(run_dir, sources_json):
@@ -117,4 +134,4 @@ def two_shares(run_dir, *flags):
 
 
 if __name__ == "__main__":
-    {"step": step, "translate": translate, "crash-mid-save": crash_mid_save, "two-shares": two_shares, "remote": remote}[sys.argv[1]](*sys.argv[2:])
+    {"step": step, "decode": decode, "translate": translate, "crash-mid-save": crash_mid_save, "two-shares": two_shares, "remote": remote}[sys.argv[1]](*sys.argv[2:])

@@ -1,6 +1,9 @@
 """Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests."""
 
+import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -87,6 +90,17 @@ def synthetic_tokenizer(synthetic_sentencepiece):
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
+
+
+def run_under(backend, *args, devices=1):
+    """Runs `python *args` with Keras on `backend`, over `devices` host CPU devices under JAX,
+    for at most 15 minutes; returns its standard output."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
 # A small, fast command-line run: no dropout, so that two runs over the same data give the same
 # weights. Tests add the flags they need (--backend, --steps, evaluation).
 FAST_TRAINING = ["--steps", "40", "--checkpoint-every", "8", "--steps-per-call", "4", "--dropout", "0",
@@ -111,3 +125,46 @@ def cli_run(tmp_path_factory):
     subprocess.run(train_command(path, "--eval-every", "16", "--eval-sentences", "20"), check=True, cwd=ROOT,
                    capture_output=True)  # fmt: skip
     return path
+
+
+@pytest.fixture(scope="session")
+def reversal_model(tmp_path_factory):
+    """A tiny Transformer trained for some seconds to reverse 2 to 8 tokens (a model whose outputs
+    end at different lengths, for decoding tests), its weights file, and 48 test sources."""
+    from keras_transformer import BOS_ID, EOS_ID, Transformer, TransformerConfig
+    from training.loss import smoothed_cross_entropy
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    config = TransformerConfig.tiny(24, num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.0)
+    model = Transformer(config)
+    optimizer = keras.optimizers.Adam(3e-3)
+
+    def pairs(n):
+        source, target_input, target_output = (np.zeros((n, 10), "int32") for _ in range(3))
+        for row, length in enumerate(rng.integers(2, 9, size=n)):
+            tokens = rng.integers(4, config.vocab_size, size=length)
+            source[row, : length + 1] = [*tokens, EOS_ID]
+            target_input[row, : length + 1] = [BOS_ID, *tokens[::-1]]
+            target_output[row, : length + 1] = [*tokens[::-1], EOS_ID]
+        return source, target_input, target_output
+
+    @tf.function
+    def train_step(source, target_input, target_output):
+        with tf.GradientTape() as tape:
+            loss_sum, tokens = smoothed_cross_entropy(target_output, model((source, target_input), training=True), 0.0)
+            loss = loss_sum / tokens
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    for _ in range(REVERSAL_STEPS):
+        loss = train_step(*pairs(64))
+    weights = str(tmp_path_factory.mktemp("reversal") / "model.weights.h5")
+    model.save_weights(weights)
+    with open(weights.replace(".weights.h5", ".json"), "w") as f:  # as tests/backend_worker.py reads it
+        json.dump(config.to_dict(), f)
+    return model, weights, pairs(48)[0], float(loss)
+
+
+REVERSAL_STEPS = 400

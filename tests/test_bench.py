@@ -16,6 +16,7 @@ REQUIRED = {
     "bench.corpus_scale": {"pairs", "read_and_cut_s", "tokenizer_s", "first_step_s", "peak_rss_before_first_step_mb", "shards"},
     "bench.pipeline": {"tgt_tokens_per_s", "tgt_tokens_per_s_per_core", "v5e_chip_tgt_tokens_per_s_estimate", "cores_per_chip"},
     "bench.train_throughput": {"config", "backend", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
+    "bench.real_serving": {"round", "beam_size", "batch"},  # and sentences_per_s and bleu, or a ratio of them
     "bench.serving": {"beam_size", "batch", "cold_start_s", "warmup_s", "first_request_ms", "p50_ms", "p95_ms", "peak_rss_mb"},
     "bench.multi30k": {"bleu", "signature", "chrf", "bleu_lowercase", "bleu_lowercase_signature", "dev_bleu", "dev_chrf",
                        "dev_bleu_lowercase", "dev_bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
@@ -35,6 +36,10 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path):
     for record in records:
         assert REQUIRED[module] <= set(record), record
         assert all(record[key] > 0 for key in record if key.endswith("_per_s") or key == "peak_rss_mb")
+    if module == "bench.real_serving":  # each measurement has its speed and BLEU; each ratio both BLEUs
+        assert all({"sentences_per_s", "bleu"} <= set(r) or {"ratio", "bleu_ours", "bleu_ctranslate2"} <= set(r)
+                   for r in records), records  # fmt: skip
+        assert {r.get("system") for r in records} >= {"ours"}
     if module == "bench.multi30k":  # the learning curve has dev points, and metrics.json the extra figures
         assert records[0]["learning_curve"] == str(tmp_path / "run" / "learning_curve.png")
         assert (tmp_path / "run" / "learning_curve.png").read_bytes().startswith(b"\x89PNG")

@@ -107,10 +107,12 @@ def test_saved_model_cli_shows_the_signature_and_runs_it(exported):
     assert f"Result for output key translation:\n[{translation!r}]" in ran
 
 
-def _rest_predict(signature, body):
-    """TF Serving's REST predict API over `signature`: a JSON request body (`instances`, the row
-    format, or `inputs`, the column format) in, the JSON response body out (`predictions` rows,
-    or `outputs` columns), as the server maps them onto the signature's named tensors."""
+def _rest_body_through_signature(signature, body):
+    """The conversion TF Serving's REST predict API makes, around a call of `signature`: a JSON
+    request body (`instances`, the row format, or `inputs`, the column format) to the signature's
+    named tensors, and its outputs to the JSON response body (`predictions` rows, or `outputs`
+    columns). Not a server: what it checks is that the signature's names, dtypes and shapes
+    fit those body formats."""
     request = json.loads(body)
     (name, spec), = signature.structured_input_signature[1].items()
     if "instances" in request:  # one input: each instance is one value of it (or {name: value})
@@ -125,9 +127,10 @@ def _rest_predict(signature, body):
     return json.dumps({"outputs": outputs})
 
 
-def _grpc_predict(signature, serialized_request):
-    """TF Serving's gRPC Predict over `signature`: a serialized PredictRequest in, a serialized
-    PredictResponse out."""
+def _grpc_body_through_signature(signature, serialized_request):
+    """The conversion TF Serving's gRPC Predict makes, around a call of `signature`: a serialized
+    PredictRequest's TensorProtos to the signature's tensors, its outputs to a serialized
+    PredictResponse. Not a server (as `_rest_body_through_signature`)."""
     from tensorflow_serving.apis import predict_pb2
 
     request = predict_pb2.PredictRequest.FromString(serialized_request)
@@ -139,7 +142,7 @@ def _grpc_predict(signature, serialized_request):
     return response.SerializeToString()
 
 
-def test_tf_serving_rest_and_grpc_requests_map_onto_the_signature(exported):
+def test_rest_and_grpc_request_bodies_convert_to_the_signature_and_back(exported):
     from tensorflow_serving.apis import predict_pb2
 
     loaded = tf.saved_model.load(exported[4])  # keep it: the signature needs its variables
@@ -148,17 +151,17 @@ def test_tf_serving_rest_and_grpc_requests_map_onto_the_signature(exported):
     translations = [t.decode() for t in expected["translation"].numpy()]
     scores = expected["score"].numpy().tolist()
 
-    rows = json.loads(_rest_predict(signature, json.dumps({"instances": SENTENCES})))
+    rows = json.loads(_rest_body_through_signature(signature, json.dumps({"instances": SENTENCES})))
     assert rows == {"predictions": [{"translation": t, "score": s} for t, s in zip(translations, scores)]}
-    named_rows = json.loads(_rest_predict(signature, json.dumps({"instances": [{"text": s} for s in SENTENCES]})))
+    named_rows = json.loads(_rest_body_through_signature(signature, json.dumps({"instances": [{"text": s} for s in SENTENCES]})))
     assert named_rows == rows
-    columns = json.loads(_rest_predict(signature, json.dumps({"inputs": {"text": SENTENCES}})))
+    columns = json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": {"text": SENTENCES}})))
     assert columns == {"outputs": {"translation": translations, "score": scores}}
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name, request.model_spec.signature_name = "translator", "serving_default"
     request.inputs["text"].CopyFrom(tf.make_tensor_proto(SENTENCES, dtype=tf.string))
-    response = predict_pb2.PredictResponse.FromString(_grpc_predict(signature, request.SerializeToString()))
+    response = predict_pb2.PredictResponse.FromString(_grpc_body_through_signature(signature, request.SerializeToString()))
     assert [t.decode() for t in tf.make_ndarray(response.outputs["translation"])] == translations
     np.testing.assert_allclose(tf.make_ndarray(response.outputs["score"]), scores)
 
@@ -299,18 +302,40 @@ def test_tfsm_layer_inside_another_keras_model(exported):
     np.testing.assert_array_equal(translations, expected)
 
 
-@pytest.mark.slow
-def test_an_interrupted_export_leaves_no_version(run_dir, tmp_path):
-    base = tmp_path / "exports"
+# Killed once the hidden staging folder exists (before the save), and once the SavedModel is
+# complete in it but not yet renamed into place (os.rename held back until the kill).
+INTERRUPTED_EXPORT = """
+import os, sys, time
+rename = os.rename
+def held_back(source, target):
+    if target.endswith(os.sep + "7"):
+        open(sys.argv[3], "w").close()
+        time.sleep(600)
+    rename(source, target)
+os.rename = held_back
+from export.saved_model import export
+export(sys.argv[1], sys.argv[2], version=7)
+"""
+
+
+@pytest.mark.parametrize("when", ["before the save", "before the rename"])
+def test_an_interrupted_export_leaves_no_version(when, run_dir, tmp_path):
+    base, renaming = tmp_path / "exports", tmp_path / "renaming"
     process = subprocess.Popen(
-        [sys.executable, "-m", "export", "--run-dir", run_dir, "--out", str(base), "--version", "7"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-c", INTERRUPTED_EXPORT, run_dir, str(base), str(renaming)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    deadline = time.time() + 300
-    while not (base.exists() and any(name.startswith(".export-") for name in os.listdir(base))):
-        assert process.poll() is None and time.time() < deadline
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    try:
+        deadline = time.time() + 300
+        while not (renaming.exists() if when == "before the rename" else
+                   base.exists() and any(name.startswith(".export-") for name in os.listdir(base))):  # fmt: skip
+            assert process.poll() is None and time.time() < deadline
+            time.sleep(0.01)
+        if when == "before the rename":
+            staged = [name for name in os.listdir(base) if name.startswith(".export-")]
+            assert len(staged) == 1 and os.path.exists(base / staged[0] / "model" / "saved_model.pb")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
     assert not (base / "7").exists()
     assert export(run_dir, str(base)) == str(base / "1")  # hidden leftovers do not count as versions

@@ -11,19 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import ROOT, WORKER, run_under
 from keras_transformer import Transformer, TransformerConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
-
-
-def run_under(backend, *args, devices=1):
-    """Runs `python *args` with Keras on `backend`, over `devices` host CPU devices under JAX."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout
+# Every test here starts TensorFlow or JAX processes: slow. (tests/test_search.py compares the
+# backends' decoding in the fast suite.)
+pytestmark = pytest.mark.slow
 
 
 def _weights(path, config):
@@ -152,7 +145,6 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_
     assert f"Exported to {tmp_path}/exports/1" in exported
 
 
-@pytest.mark.slow
 def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages():
     """As test_train_end_to_end's TensorFlow run on ram:// (in one process: ram:// is its memory)."""
     output = run_under("jax", WORKER, "remote", "ram://runs/jax", *FAST)
@@ -162,7 +154,6 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_avera
     assert result["averaged"] == result["loaded"] == "ram://runs/jax/averaged/ckpt-8.weights.h5"
 
 
-@pytest.mark.slow
 def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(
     synthetic_corpus, synthetic_sentencepiece, synthetic_tokenizer, tmp_path
 ):

@@ -14,11 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, WORKER
 from keras_transformer import Transformer
 from training.run_folder import RunFolder
 
-WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
 FLAGS = ["--steps", "24", "--checkpoint-every", "4", "--steps-per-call", "4", "--dropout", "0", "--batch-tokens", "512",
          "--max-length", "24", "--vocab-size", "500", "--no-evaluate", "--strategy", "cpu", "--source-lang", "en",
          "--target-lang", "de"]  # fmt: skip

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig
-from keras_transformer import search as search_module
 from keras_transformer.common import take_per_row
-from keras_transformer.search import beam_search, greedy_search, length_penalty
+from keras_transformer.search import Execution, beam_search, greedy_search, length_penalty
+from keras_transformer.search import top_k as top_k_module
 
 
 def _model(vocab_size, seed=3, **overrides):
@@ -25,23 +25,34 @@ def _sources(rng, lengths, vocab_size):
 
 
 class _EosLogit:
-    """Wraps a model and adds `adjust(index, source_length, slot)` to the EOS logit at each step.
+    """A `DecodingModel` that wraps a model and adds `adjust(index, source_length, slot)` to the
+    EOS logit at each step.
 
     A row is known by its sentence's source length and its place among the sentence's
     hypotheses (float `[rows]` each), not by its row number, which changes when beam search
-    stops decoding sentences that are done."""
+    stops decoding sentences that are done. The cache carries the source lengths beside the
+    model's, and keeps them for the sentences that stay."""
 
     def __init__(self, model, adjust):
-        self.model, self.config, self.adjust = model, model.config, adjust
-        self.encode, self.init_cache, self.reorder_cache = model.encode, model.init_cache, model.reorder_cache
+        self.model, self.config, self.adjust, self.encode = model, model.config, adjust, model.encode
 
-    def decode_step(self, token_ids, index, cache, source_mask):
-        logits, cache = self.model.decode_step(token_ids, index, cache, source_mask)
-        per_sentence = tf.shape(token_ids)[0] // tf.maximum(tf.shape(source_mask)[0], 1)
-        source_length = tf.repeat(tf.reduce_sum(tf.cast(source_mask[:, 0], tf.float32), axis=1), per_sentence)
-        slot = tf.cast(tf.range(tf.shape(token_ids)[0]) % per_sentence, tf.float32)
-        adjust = tf.cast(self.adjust(index, source_length, slot), tf.float32) + tf.zeros_like(source_length)
-        return logits + tf.one_hot(EOS_ID, logits.shape[-1]) * adjust[:, None], cache
+    def init_cache(self, encoder_output, source_mask, hypotheses=1, max_length=None, shared_slots=True):
+        self.hypotheses = hypotheses
+        source_length = tf.reduce_sum(tf.cast(source_mask[:, 0], tf.float32), axis=1)  # [sentences]
+        return self.model.init_cache(encoder_output, source_mask, hypotheses, max_length, shared_slots), source_length
+
+    def decode_step(self, token_ids, index, cache):
+        model_cache, source_length = cache
+        logits, model_cache = self.model.decode_step(token_ids, index, model_cache)
+        rows_length = tf.repeat(source_length, self.hypotheses)
+        slot = tf.cast(tf.range(tf.shape(token_ids)[0]) % self.hypotheses, tf.float32)
+        adjust = tf.cast(self.adjust(index, rows_length, slot), tf.float32) + tf.zeros_like(rows_length)
+        return logits + tf.one_hot(EOS_ID, logits.shape[-1]) * adjust[:, None], (model_cache, source_length)
+
+    def reorder_cache(self, cache, parents, sentences=None):
+        model_cache, source_length = cache
+        model_cache = self.model.reorder_cache(model_cache, parents, sentences)
+        return model_cache, source_length if sentences is None else tf.gather(source_length, sentences)
 
 
 def _never_ends(model):
@@ -118,11 +129,10 @@ def test_wide_beam_finds_the_exhaustive_best(vocab, beam_size, max_length, rng):
 # with argmax passes, a sort for k > 16).
 @pytest.mark.parametrize("vocab, k", [(8000, 4), (37000, 5), (1024, 8), (7999, 4), (8003, 3), (8000, 1), (60, 5),
                                       (100, 20)])  # fmt: skip
-@pytest.mark.parametrize("by_argmax", [False, True])
-def test_top_k_in_chunks_equals_a_full_sort(vocab, k, by_argmax, rng):
+@pytest.mark.parametrize("kernel", ["chunks", "chunks_by_argmax"])
+def test_top_k_in_chunks_equals_a_full_sort(vocab, k, kernel, rng):
     values = rng.normal(size=(5, vocab)).astype("float32")
-    top_k = search_module._top_k_by_argmax if by_argmax else keras.ops.top_k
-    best, index = search_module._top_k(keras.ops.convert_to_tensor(values), k, top_k)
+    best, index = top_k_module.top_k(keras.ops.convert_to_tensor(values), k, kernel)
     expected = np.argsort(-values, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(index, expected)
     np.testing.assert_array_equal(best, np.take_along_axis(values, expected, axis=1))
@@ -130,22 +140,53 @@ def test_top_k_in_chunks_equals_a_full_sort(vocab, k, by_argmax, rng):
 
 def test_top_k_by_argmax_puts_equal_values_in_index_order_as_top_k():
     values = keras.ops.convert_to_tensor([[1.0, 3.0, 3.0, -2.0, 3.0, 0.0], [-1e9, -1e9, -1e9, -1e9, 5.0, -1e9]])
-    best, index = search_module._top_k_by_argmax(values, 4)
+    best, index = top_k_module.top_k_by_argmax(values, 4)
     expected_best, expected_index = keras.ops.top_k(values, 4)
     np.testing.assert_array_equal(index, [[1, 2, 4, 0], [4, 0, 1, 2]])
     np.testing.assert_array_equal(index, expected_index)
     np.testing.assert_array_equal(best, expected_best)
 
 
-@pytest.mark.parametrize("static_shapes", [False, True])  # the chunks' top k: TensorFlow's, argmax passes
-def test_beam_search_over_a_vocabulary_in_chunks_equals_it_with_a_plain_top_k(static_shapes, rng, monkeypatch):
-    model = _model(512, seed=8)  # 512 tokens split into chunks: each hypothesis's best 4 from the best 4 chunks
-    sources = _sources(rng, [5, 2, 7], 512)
-    chunked = beam_search(model, sources, max_extra_length=5, return_all=True, static_shapes=static_shapes)
-    monkeypatch.setattr(search_module, "_top_k", lambda values, k, _: keras.ops.top_k(values, k))
-    plain = beam_search(model, sources, max_extra_length=5, return_all=True, static_shapes=static_shapes)
-    np.testing.assert_array_equal(chunked.tokens, plain.tokens)
-    np.testing.assert_allclose(chunked.scores, plain.scores, rtol=1e-6)
+# Every way a search may run (`Execution`): the two caches, shared slots or rows of their own,
+# finished sentences dropped or kept, each top-k kernel.
+EXECUTIONS = [
+    Execution("growing", shared_slots=True, drop_finished=True, top_k="chunks"),
+    Execution("growing", shared_slots=False, drop_finished=True, top_k="sort"),
+    Execution("growing", shared_slots=True, drop_finished=False, top_k="chunks_by_argmax"),
+    Execution("static", shared_slots=True, drop_finished=False, top_k="chunks_by_argmax"),
+    Execution("static", shared_slots=False, drop_finished=False, top_k="sort"),
+]
+
+
+@pytest.mark.parametrize("execution", EXECUTIONS, ids=str)
+def test_every_execution_gives_the_same_translations(execution, rng):
+    # 512 tokens, split into chunks by the chunked top-k kernels; hypotheses end at various steps.
+    def eos_logit(index, source_length, slot):
+        return 6.0 * tf.sin(3.0 * source_length + 1.7 * slot + 2.0 * tf.cast(index, tf.float32))
+
+    model = _EosLogit(_model(512, seed=8), eos_logit)
+    sources = _sources(rng, [5, 2, 7, 3], 512)
+    reference = tf.function(lambda s: beam_search(model, s, max_extra_length=5, return_all=True,
+                                                  execution=Execution(top_k="sort")))(sources)  # fmt: skip
+    assert len(set(_nonzero_lengths(reference.tokens[:, 0]))) > 1
+    graphs = {"graph": tf.function(lambda s: beam_search(model, s, max_extra_length=5, return_all=True, execution=execution))}
+    if execution.cache == "static":
+        graphs["XLA"] = tf.function(graphs["graph"].python_function, jit_compile=True)
+    for name, graph in graphs.items():
+        result = graph(sources)
+        np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=name)
+        np.testing.assert_allclose(result.scores, reference.scores, rtol=1e-5, err_msg=name)
+
+
+def test_execution_refuses_what_cannot_run_and_chooses_the_measured_on_cpus():
+    with pytest.raises(ValueError, match="static cache"):
+        Execution("static", drop_finished=True)
+    with pytest.raises(ValueError, match="cache is one of"):
+        Execution("paged")
+    assert Execution.choose(compiled=False, platform="cpu") == Execution("growing", True, True, "chunks")
+    assert Execution.choose(compiled=True, platform="cpu") == Execution("static", True, False, "chunks_by_argmax")
+    for platform in ("gpu", "tpu"):  # nothing measured there: no argmax passes, no shared slots
+        assert Execution.choose(compiled=True, platform=platform) == Execution("static", False, False, "sort")
 
 
 def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
@@ -168,9 +209,9 @@ def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(rng):
     rows = []
 
     class Counting(_EosLogit):
-        def decode_step(self, token_ids, index, cache, source_mask):
+        def decode_step(self, token_ids, index, cache):
             rows.append(int(token_ids.shape[0]))
-            return super().decode_step(token_ids, index, cache, source_mask)
+            return super().decode_step(token_ids, index, cache)
 
     never_ends = Counting(model, lambda index, source_length, slot: -1e4)
     sources = _sources(rng, [2, 9], 30)  # length limits 3 and 10
@@ -197,7 +238,8 @@ def test_xla_with_the_static_cache_equals_the_plain_graph_with_the_growing_one(s
     model = _model(30, seed=2)
     sources = _sources(rng, [6, 3, 8], 30)
     plain = tf.function(lambda s: search(model, s, max_extra_length=7))(sources)  # the growing cache
-    compiled = tf.function(lambda s: search(model, s, max_extra_length=7, static_shapes=True), jit_compile=True)(sources)
+    execution = Execution.choose(compiled=True)
+    compiled = tf.function(lambda s: search(model, s, max_extra_length=7, execution=execution), jit_compile=True)(sources)
     np.testing.assert_array_equal(compiled.tokens, plain.tokens)
     np.testing.assert_allclose(compiled.scores, plain.scores, rtol=1e-5)
 
@@ -252,32 +294,67 @@ def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_s
             DecodingSettings(**bad)
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
-    from keras_transformer.search import DecodingSettings, decode
-
-    model = _model(30, seed=8)
-    settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
-    unknown_batch = [tf.TensorSpec([None, None], tf.int32)]
-    one = tf.function(lambda ids: decode(model, ids, settings), input_signature=unknown_batch)
-    graphs = {  # graphs that do not know the batch size (as served) and one that does (its slices' too)
-        "2 searches": tf.function(lambda ids: decode(model, ids, settings, searches=2), input_signature=unknown_batch),
-        "3 searches": tf.function(lambda ids: decode(model, ids, settings, searches=3), input_signature=unknown_batch),
-        "2 searches, static batch": tf.function(lambda ids: decode(model, ids, settings, searches=2)),
-    }
-    for batch in (0, 1, 3):  # some of the searches get no sentence
-        sources = _sources(rng, [6, 2, 5][:batch], 30) if batch else np.zeros((0, 6), "int32")
-        expected = one(sources)
-        for name, graph in graphs.items():
-            result = graph(sources)
-            assert result.tokens.shape == expected.tokens.shape, name
-            np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg=name)
-            np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg=name)
-
-
 def test_take_per_row_equals_numpys_take_along_axis(rng):
     for shape in ((5, 7), (5, 7, 3)):
         values = rng.normal(size=shape).astype("float32")
         indices = rng.integers(0, 7, size=(5, 4)).astype("int32")
         expected = np.take_along_axis(values, indices.reshape(5, 4, *[1] * (len(shape) - 2)), axis=1)
         np.testing.assert_array_equal(take_per_row(values, indices), expected)
+
+
+def _row_agreement(first, second):
+    """The share of rows whose tokens are all equal."""
+    return float(np.mean(np.all(np.asarray(first) == np.asarray(second), axis=-1)))
+
+
+def _reversal_is_learned(model, sources):
+    """The trained fixture reverses most sources: its outputs are worth comparing."""
+    from keras_transformer.search import DecodingSettings, decode
+
+    tokens = np.asarray(decode(model, sources, DecodingSettings(beam_size=1, max_extra_length=4)).tokens)
+    expected = np.zeros_like(tokens)
+    for row, source in enumerate(sources):
+        body = source[(source != PAD_ID) & (source != EOS_ID)][::-1]
+        expected[row, : len(body)] = body
+    assert _row_agreement(tokens, expected) >= 0.9
+
+
+def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(reversal_model):
+    from keras_transformer.search import DecodingSettings, decode
+
+    model, weights, sources, _ = reversal_model
+    _reversal_is_learned(model, sources)
+    float32 = {beam: decode(model, sources, DecodingSettings(beam, max_extra_length=4)) for beam in (1, 4)}
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")  # what --mixed-precision sets on CPUs and TPUs
+    mixed = Transformer(model.config)
+    mixed.load_weights(weights)
+    assert mixed.decoder.layers[0].compute_dtype == "bfloat16"
+    for beam in (1, 4):
+        graph = tf.function(lambda s: decode(mixed, s, DecodingSettings(beam, max_extra_length=4)))
+        eager = decode(mixed, sources, DecodingSettings(beam, max_extra_length=4))
+        for name, result in (("graph", graph(sources)), ("eager", eager)):
+            assert result.scores.dtype == "float32"
+            # bfloat16 keeps 8 bits of mantissa: a token may flip where two are close, not more.
+            assert _row_agreement(result.tokens, float32[beam].tokens) >= 0.9, (beam, name)
+            same = np.all(np.asarray(result.tokens) == np.asarray(float32[beam].tokens), axis=-1)
+            np.testing.assert_allclose(np.asarray(result.scores)[same], np.asarray(float32[beam].scores)[same], atol=0.05)
+
+
+def test_jax_decodes_as_tensorflow_does(reversal_model, tmp_path):
+    """Greedy and beam 4, compiled for each backend as `training.evaluate` compiles them
+    (TensorFlow: XLA; JAX: jax.jit), on the same weights and sources."""
+    import json
+
+    from conftest import WORKER, run_under
+    from keras_transformer.search import DecodingSettings
+    from training.evaluate import compile_search
+
+    model, weights, sources, _ = reversal_model
+    np.save(tmp_path / "sources.npy", sources)
+    under_jax = json.loads(run_under("jax", WORKER, "decode", weights, str(tmp_path / "sources.npy")))
+    for beam in (1, 4):
+        tokens, scores = compile_search(model, DecodingSettings(beam, max_extra_length=4))(sources)
+        jax_tokens, jax_scores = under_jax[str(beam)]
+        np.testing.assert_array_equal(jax_tokens, tokens, err_msg=f"beam {beam}")
+        np.testing.assert_allclose(jax_scores, scores, rtol=1e-4, atol=1e-5, err_msg=f"beam {beam}")
+    assert len(set(_nonzero_lengths(tokens))) > 2  # outputs of several lengths

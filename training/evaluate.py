@@ -21,7 +21,7 @@ import sacrebleu  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer import PAD_ID  # noqa: E402
-from keras_transformer.search import DecodingSettings, decode  # noqa: E402
+from keras_transformer.search import DecodingSettings, Execution, decode  # noqa: E402
 from training import run_folder  # noqa: E402
 from training.data import bucket_lengths  # noqa: E402
 
@@ -64,8 +64,8 @@ def compile_search(model, settings=DecodingSettings(), jit_compile=True):
     `jax.jit` with the model's weights as arguments rather than constants baked into the
     program."""
     if keras.config.backend() != "jax":
-        return tf.function(lambda source_ids: decode(model, source_ids, settings, static_shapes=jit_compile),
-                           jit_compile=jit_compile)  # fmt: skip
+        execution = Execution.choose(compiled=jit_compile)
+        return tf.function(lambda source_ids: decode(model, source_ids, settings, execution), jit_compile=jit_compile)
     import jax
 
     variables = model.variables

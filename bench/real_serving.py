@@ -1,0 +1,204 @@
+"""Serving real text: a trained run's SavedModel against CTranslate2 on the same weights, on the
+run's own test sentences, in sentences per second, with both BLEUs (so that both are seen to
+decode the same).
+
+    python -m bench.real_serving --run-dir runs/demo            # the README's demo model
+    python -m bench.real_serving --run-dir runs/multi30k        # a multi30k-preset model
+    python -m bench.real_serving --smoke                        # seconds: a 2-step tiny run
+
+The run is exported as `python -m export` does (once per --beam-sizes: 4 is the paper's beam
+search with alpha 0.6, 1 greedy) and converted for CTranslate2 (`bench/ctranslate2_reference.py`,
+float32). Each measurement is a fresh process that translates every test sentence (or the first
+--limit) in file order, in batches of --batch-sizes, and times that whole pass after a warm-up:
+
+- ours: the SavedModel's `serving_default` signature (SentencePiece in the graph, no XLA), under
+  the README's TF Serving threads (`export.serving.use_serving_threads`), after TF Serving's
+  warm-up requests;
+- CTranslate2: SentencePiece in Python (the same model file), `translate_batch` with the same beam
+  size, its length penalty `length ** alpha` (ours is GNMT's `((5 + length) / 6) ** alpha`, so
+  their beams may rank a few hypotheses differently), `source length + 50` tokens at most, one
+  translator with `intra_threads` = the cores.
+
+The two alternate, round after round (--rounds), in the same order of searches and batch sizes;
+the ratio of a round is ours over CTranslate2's sentences per second in that round. One JSON line
+per measurement, and one per ratio. Without CTranslate2 (a bench-only dependency:
+`pip install -r bench/requirements.txt`) only ours is measured.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
+
+from bench.common import emit, peak_rss_mb, run_isolated  # noqa: E402
+
+SMOKE_TRAINING = ["--steps", "2", "--steps-per-call", "1", "--checkpoint-every", "2", "--batch-tokens", "256",
+                  "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--no-evaluate"]  # fmt: skip
+
+
+def measure_ours(export_dir, sentences, batch):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
+
+    from bench.serving import replay_warmup_requests
+    from export.serving import use_serving_threads
+
+    use_serving_threads()
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    replay_warmup_requests(export_dir, serve)
+
+    def translate(texts):
+        return [t.decode("utf-8") for t in serve(text=tf.constant(texts))["translation"].numpy()]
+
+    return _timed_pass(translate, sentences, batch)
+
+
+def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_size, alpha, max_extra_length):
+    import ctranslate2
+    import sentencepiece
+
+    from bench.ctranslate2_reference import token
+    from keras_transformer import EOS_ID, PAD_ID
+
+    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32", inter_threads=1,
+                                        intra_threads=os.cpu_count())  # fmt: skip
+    pieces = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_path)
+    ids = {token(i): i for i in range(pieces.get_piece_size())}
+
+    def translate(texts):
+        sources = [[token(i) for i in row] + [token(EOS_ID)] for row in pieces.encode(texts)]
+        results = translator.translate_batch(
+            sources, beam_size=beam_size, length_penalty=alpha, suppress_sequences=[[token(PAD_ID)]],
+            max_decoding_length=max(len(source) for source in sources) + max_extra_length,
+        )  # fmt: skip
+        return pieces.decode([[ids[t] for t in result.hypotheses[0]] for result in results])
+
+    return _timed_pass(translate, sentences, batch)
+
+
+def _timed_pass(translate, sentences, batch):
+    """Translates `sentences` in batches of `batch`, in order, once to warm up and once timed;
+    returns the timed pass's translations and seconds."""
+    translate(sentences[:batch])
+    start = time.perf_counter()
+    translations = []
+    for begin in range(0, len(sentences), batch):
+        translations += translate(sentences[begin : begin + batch])
+    return translations, time.perf_counter() - start
+
+
+def worker(args):
+    """One measurement, in this process: prints its JSON line."""
+    import sacrebleu
+
+    with open(args.sentences, encoding="utf-8") as f:
+        sources, references = zip(*(json.loads(line) for line in f))
+    sources, references = list(sources), list(references)
+    with open(os.path.join(args.export_dir, "assets", "metadata.json")) as f:
+        decoding = json.load(f)
+    if args.worker == "ours":
+        translations, seconds = measure_ours(args.export_dir, sources, args.batch)
+    else:
+        translations, seconds = measure_ctranslate2(args.ctranslate2_dir, os.path.join(args.export_dir, "assets", "sentencepiece.model"),
+                                                    sources, args.batch, decoding["beam_size"], decoding["alpha"],
+                                                    decoding["max_extra_length"])  # fmt: skip
+    emit({
+        "benchmark": "real_serving",
+        "system": args.worker,
+        "round": args.round,
+        "beam_size": decoding["beam_size"],
+        "batch": args.batch,
+        "sentences": len(sources),
+        "sentences_per_s": round(len(sources) / seconds, 1),
+        "bleu": round(sacrebleu.corpus_bleu(translations, [references]).score, 2),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    })  # fmt: skip
+
+
+def prepare(run_dir, scratch, args):
+    """Exports the run for each beam size, converts it for CTranslate2 and writes the test pairs;
+    returns {beam size: export folder}, the CTranslate2 folder and the pairs' file."""
+    from bench import ctranslate2_reference
+    from export.saved_model import export
+    from keras_transformer.search import DecodingSettings
+    from training.run_folder import RunFolder
+
+    run = RunFolder(run_dir)
+    pairs = run.load_corpus().text_pairs("test", args.limit)
+    sentences = os.path.join(scratch, "test.jsonl")
+    with open(sentences, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
+    exports = {}
+    for beam_size in args.beam_sizes:
+        settings = DecodingSettings(beam_size=beam_size)
+        if args.max_extra_length is not None:
+            settings = dataclasses.replace(settings, max_extra_length=args.max_extra_length)
+        exports[beam_size] = export(run_dir, os.path.join(scratch, f"beam{beam_size}"), settings)
+    if not ctranslate2_reference.available():
+        print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
+        return exports, None, sentences
+    model, _ = run.load_model()
+    return exports, ctranslate2_reference.convert(model, os.path.join(scratch, "ctranslate2")), sentences
+
+
+def compare(exports, ctranslate2_dir, sentences, args):
+    for round_ in range(args.rounds):
+        for beam_size, export_dir in exports.items():
+            for batch in args.batch_sizes:
+                systems = ["ours", "ctranslate2"] if round_ % 2 == 0 else ["ctranslate2", "ours"]
+                if ctranslate2_dir is None:
+                    systems = ["ours"]
+                figures = {}
+                for system in systems:
+                    (record,) = run_isolated("bench.real_serving", [
+                        f"--worker={system}", f"--export-dir={export_dir}", f"--ctranslate2-dir={ctranslate2_dir}",
+                        f"--sentences={sentences}", f"--batch={batch}", f"--round={round_}"])  # fmt: skip
+                    figures[system] = record
+                if ctranslate2_dir is None:
+                    continue
+                ours, theirs = figures["ours"], figures["ctranslate2"]
+                emit({"benchmark": "real_serving_ratio", "round": round_, "beam_size": beam_size, "batch": batch,
+                      "ratio": round(ours["sentences_per_s"] / theirs["sentences_per_s"], 3),
+                      "bleu_ours": ours["bleu"], "bleu_ctranslate2": theirs["bleu"]})  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", help="a run folder of training.train")
+    parser.add_argument("--smoke", action="store_true", help="a 2-step tiny run, a few sentences, one round")
+    parser.add_argument("--beam-sizes", default="4,1")
+    parser.add_argument("--batch-sizes", default="32,1")
+    parser.add_argument("--rounds", type=int, default=2, help="times each measurement runs, the systems alternating")
+    parser.add_argument("--limit", type=int, help="the first N test sentences (default: all)")
+    parser.add_argument("--max-extra-length", type=int, help="as python -m export (default: its default)")
+    parser.add_argument("--worker", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
+    for hidden in ("--export-dir", "--ctranslate2-dir", "--sentences"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    args.beam_sizes = [int(size) for size in args.beam_sizes.split(",")]
+    args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.smoke:
+            from training import train
+
+            args.run_dir, args.limit, args.rounds, args.max_extra_length = os.path.join(scratch, "run"), 8, 1, 4
+            train.train(train.parse_args(["--run-dir", args.run_dir, *SMOKE_TRAINING]))
+        elif not args.run_dir:
+            sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
+        compare(*prepare(args.run_dir, scratch, args), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Greedy and beam search over a trained `Transformer`, batched, with the decoder's key/value
+cache.
+
+`decode(model, source_ids, settings)` is the one entry point: evaluation, export, benchmarks and
+the notebook call it with a `DecodingSettings`, whose defaults are the paper's. The encoder runs
+once; the decoder advances one position per step from its cache, which the model creates, writes
+and reorders (keras_transformer/cache.py): a search never looks inside it (`DecodingModel`).
+Written in `keras.ops`, so it runs under TensorFlow and under JAX; how it runs on a device (the
+cache's layout, dropping finished sentences, the top-k kernel) is an `Execution`.
+
+One idea per module: `settings` (what is asked), `execution` (how it runs), `interface` (what a
+model provides), `greedy` and `beam` (the two searches), `loop` (the while loop), `top_k` (the
+best tokens of a step), `outputs` (length limits, writing and cutting sequences).
+"""
+
+from keras_transformer.search.beam import BeamState, beam_search
+from keras_transformer.search.execution import Execution
+from keras_transformer.search.greedy import GreedyState, greedy_search
+from keras_transformer.search.interface import DecodingModel
+from keras_transformer.search.settings import DecodingSettings, SearchResult, length_penalty
+
+
+def decode(model, source_ids, settings=DecodingSettings(), execution=None, *, max_length=None):
+    """Translates `source_ids` with `settings`: greedy search for beam size 1, else beam search.
+
+    Args:
+        model: a `DecodingModel` (a `Transformer`).
+        source_ids: int32 `[batch, source_len]`, each source ending with the end-of-sentence
+            id, padded with 0.
+        settings: a `DecodingSettings`.
+        execution: an `Execution` (default: `Execution.choose()`: for the backend's default
+            device, compiled under JAX only); pass `Execution.choose(compiled=True)` under
+            `tf.function(jit_compile=True)`.
+        max_length: a hard cap on the output length (default: none, or the learned position
+            table's size).
+
+    Returns:
+        A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
+    """
+    common = dict(alpha=settings.alpha, max_extra_length=settings.max_extra_length, max_length=max_length,
+                  execution=execution)  # fmt: skip
+    if settings.beam_size == 1:
+        return greedy_search(model, source_ids, **common)
+    return beam_search(model, source_ids, beam_size=settings.beam_size, **common)
+
+
+__all__ = [
+    "BeamState",
+    "DecodingModel",
+    "DecodingSettings",
+    "Execution",
+    "GreedyState",
+    "SearchResult",
+    "beam_search",
+    "decode",
+    "greedy_search",
+    "length_penalty",
+]

@@ -1,0 +1,82 @@
+"""Greedy search: the most likely token at each step."""
+
+import collections
+
+from keras import ops
+
+from keras_transformer.common import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.search.execution import Execution
+from keras_transformer.search.loop import while_loop
+from keras_transformer.search.outputs import length_limits, start_tokens, strip, write_column
+from keras_transformer.search.settings import DecodingSettings, SearchResult, length_penalty
+from keras_transformer.search.top_k import best_tokens
+
+GreedyState = collections.namedtuple("GreedyState", ["index", "tokens", "log_prob", "length", "done", "cache"])
+GreedyState.__doc__ = """The loop state of `greedy_search`.
+
+index: int32 scalar, the position being decoded.
+tokens: int32 `[batch, steps + 1]`: BOS, the tokens up to `index`, then 0.
+log_prob: float32 `[batch]`, log P of the tokens, up to and including the end of sentence.
+length: int32 `[batch]`, the output's length so far (the end of sentence included).
+done: bool `[batch]`: the output ended (end of sentence or length limit); stays True.
+cache: the model's, unread here.
+"""
+
+
+def greedy_search(
+    model,
+    source_ids,
+    *,
+    alpha=DecodingSettings.alpha,
+    max_extra_length=DecodingSettings.max_extra_length,
+    max_length=None,
+    execution=None,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+):
+    """Translates `source_ids` `[batch, source_len]` by taking the most likely token each step.
+
+    Args:
+        model: a `DecodingModel` (a `Transformer`).
+        source_ids: int32 `[batch, source_len]`, padded with 0.
+        alpha: length penalty exponent, for the returned score only.
+        max_extra_length: each output has at most its source's length + this many tokens.
+        max_length: a hard cap on the output length (default: none, or the learned position
+            table's size).
+        execution: an `Execution` (default: `Execution.choose()`).
+        bos_id, eos_id: the begin- and end-of-sentence ids.
+
+    Returns:
+        A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
+    """
+    execution = execution or Execution.choose()
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    batch = ops.shape(source_ids)[0]
+    length_limit, steps = length_limits(model, source_ids, max_extra_length, max_length)  # [batch], scalar
+    encoder_output, source_mask = model.encode(source_ids, training=False)
+
+    def step(state):
+        index, done = state.index, state.done
+        logits, cache = model.decode_step(ops.take(state.tokens, index, axis=1), index, state.cache)  # [batch, vocab]
+        best_log_prob, best_token = best_tokens(logits, 1, execution.top_k)  # [batch, 1] each
+        token = ops.where(done, PAD_ID, best_token[:, 0])  # [batch]
+        return GreedyState(
+            index=index + 1,
+            tokens=write_column(state.tokens, index + 1, token),
+            log_prob=state.log_prob + ops.where(done, 0.0, best_log_prob[:, 0]),
+            length=ops.where(done, state.length, index + 1),
+            done=done | (token == eos_id) | (index + 1 >= length_limit),
+            cache=cache,
+        )
+
+    static = execution.cache == "static"
+    state = GreedyState(
+        index=ops.convert_to_tensor(0, "int32"),
+        tokens=start_tokens((batch,), steps, bos_id),
+        log_prob=ops.zeros((batch,), "float32"),
+        length=ops.zeros((batch,), "int32"),
+        done=ops.zeros((batch,), "bool"),
+        cache=model.init_cache(encoder_output, source_mask, 1, steps if static else None),
+    )
+    state = while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps)
+    return SearchResult(strip(state.tokens[:, 1:], eos_id), state.log_prob / length_penalty(state.length, alpha))

@@ -1,0 +1,75 @@
+"""The search loop: `state = step(state)` while a condition holds, over a named state, under
+TensorFlow (graphs, eager) and JAX.
+
+Under JAX and XLA every tensor of the state keeps its shape. A TensorFlow graph without XLA lets
+shapes change (a growing cache, the sentences a search stops decoding), along the axes the loop
+declares (`tf.while_loop`'s shape invariants): the loop finds them by tracing `step` on the
+state's shapes until the shapes it returns stop changing, and frees exactly the axes that did. So
+no field need say what its axes are, and no axis is freed that a step keeps (a vocabulary).
+"""
+
+import keras
+from keras import ops
+
+MAX_SHAPE_TRACES = 4  # a growing axis and a dropping one settle after two
+
+
+def while_loop(condition, step, state, maximum_iterations):
+    """Runs `state = step(state)` while `condition(state)`, at most `maximum_iterations` times.
+
+    Args:
+        condition: state -> scalar bool.
+        step: state -> state of the same structure and dtypes.
+        state: a namedtuple of tensors, nested tuples, lists or namedtuples of them, and None.
+        maximum_iterations: an int or int scalar.
+
+    Returns:
+        The last state.
+    """
+    if keras.config.backend() != "tensorflow":
+        kind = type(state)  # keras.ops.while_loop passes a tuple's items as arguments
+
+        def body(*fields):
+            return tuple(step(kind(*fields)))
+
+        fields = ops.while_loop(lambda *fields: condition(kind(*fields)), body, tuple(state), maximum_iterations=maximum_iterations)
+        return kind(*fields)
+    import tensorflow as tf
+
+    # tf.while_loop carries tensors only: the Nones of the state stay outside.
+    leaves = tf.nest.flatten(state)
+    carried = [i for i, leaf in enumerate(leaves) if leaf is not None]
+
+    def rebuild(tensors):
+        full = [None] * len(leaves)
+        for i, tensor in zip(carried, tensors):
+            full[i] = tensor
+        return tf.nest.pack_sequence_as(state, full)
+
+    def flat_step(*tensors):
+        new = tf.nest.flatten(step(rebuild(tensors)))
+        return tuple(new[i] for i in carried)
+
+    tensors = tuple(leaves[i] for i in carried)
+    options = dict(maximum_iterations=maximum_iterations)
+    if tf.inside_function():
+        options["shape_invariants"] = _shape_invariants(flat_step, tensors)
+    result = tf.while_loop(lambda *tensors: condition(rebuild(tensors)), flat_step, tensors, **options)
+    return rebuild(result)
+
+
+def _shape_invariants(flat_step, tensors):
+    """The shapes that `flat_step`'s inputs keep from step to step: each axis that a traced step
+    changes becomes unknown, until a step maps the shapes to themselves."""
+    import tensorflow as tf
+
+    shapes = [tensor.shape for tensor in tensors]
+    for _ in range(MAX_SHAPE_TRACES):
+        specs = [tf.TensorSpec(shape, tensor.dtype) for shape, tensor in zip(shapes, tensors)]
+        traced = tf.function(flat_step, autograph=False).get_concrete_function(*specs)
+        outputs = tf.nest.flatten(traced.structured_outputs)
+        relaxed = [shape.most_specific_compatible_shape(output.shape) for shape, output in zip(shapes, outputs)]
+        if [shape.as_list() for shape in relaxed] == [shape.as_list() for shape in shapes]:
+            return tuple(shapes)
+        shapes = relaxed
+    raise ValueError(f"The search step's shapes did not settle after {MAX_SHAPE_TRACES} traces: {shapes}.")

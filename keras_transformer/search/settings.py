@@ -1,0 +1,46 @@
+"""What a search is asked for: `DecodingSettings` (the paper's decoding by default), the
+`SearchResult` it returns, and the length penalty it scores with."""
+
+import collections
+import dataclasses
+
+from keras import ops
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingSettings:
+    """How to decode: the paper's beam search by default (`hyperparameters.md`): beam 4, length
+    penalty `lp(Y) = ((5 + |Y|) / 6) ** alpha` with alpha 0.6, at most `source length + 50`
+    output tokens, early termination. |Y| counts the output tokens including the end-of-sentence
+    token.
+
+    Args:
+        beam_size: hypotheses kept per sentence; 1 is greedy search.
+        alpha: the length penalty exponent.
+        max_extra_length: each output has at most its source's length + this many tokens.
+    """
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_extra_length: int = 50
+
+    def __post_init__(self):
+        if self.beam_size < 1 or self.max_extra_length < 0 or self.alpha < 0:
+            raise ValueError(
+                f"Decoding needs beam_size >= 1, alpha >= 0 and max_extra_length >= 0; got beam_size "
+                f"{self.beam_size}, alpha {self.alpha}, max_extra_length {self.max_extra_length}."
+            )
+
+
+SearchResult = collections.namedtuple("SearchResult", ["tokens", "scores"])
+SearchResult.__doc__ = """Output of `decode`, `greedy_search` and `beam_search`.
+
+tokens: int32 `[batch, max_length]` (or `[batch, n, max_length]` for n-best), the output tokens
+    without begin- and end-of-sentence ids, padded with 0.
+scores: float32 `[batch]` (or `[batch, n]`), log P(Y | X) / lp(Y).
+"""
+
+
+def length_penalty(length, alpha):
+    """`((5 + length) / 6) ** alpha` (GNMT; the paper's decoding, alpha = 0.6)."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)

@@ -1,0 +1,38 @@
+"""export/serving.py's parts that need no trained run: the parallel searches of a served graph."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from export.serving import SERVED_EXECUTION, in_parallel
+from keras_transformer import Transformer, TransformerConfig
+from keras_transformer.search import DecodingSettings, decode
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
+    keras.utils.set_random_seed(8)
+    model = Transformer(TransformerConfig.tiny(30, num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.0))
+    settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
+
+    def search(ids):
+        return decode(model, ids, settings, SERVED_EXECUTION)
+
+    unknown_batch = [tf.TensorSpec([None, None], tf.int32)]
+    one = tf.function(search, input_signature=unknown_batch)
+    graphs = {  # graphs that do not know the batch size (as served) and one that does (its slices' too)
+        "2 searches": tf.function(lambda ids: in_parallel(search, ids, 2), input_signature=unknown_batch),
+        "3 searches": tf.function(lambda ids: in_parallel(search, ids, 3), input_signature=unknown_batch),
+        "2 searches, static batch": tf.function(lambda ids: in_parallel(search, ids, 2)),
+    }
+    for batch in (0, 1, 3):  # some of the searches get no sentence
+        sources = np.zeros((batch, 6), "int32")
+        for row, length in enumerate([6, 2, 5][:batch]):
+            sources[row, :length] = rng.integers(4, 30, size=length)
+        expected = one(sources)
+        for name, graph in graphs.items():
+            result = graph(sources)
+            assert result.tokens.shape == expected.tokens.shape, name
+            np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg=name)
+            np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg=name)
