@@ -39,9 +39,6 @@ quiet_tensorflow()
 
 from bench.common import emit, peak_rss_mb, run_isolated  # noqa: E402
 
-SMOKE_TRAINING = ["--steps", "2", "--steps-per-call", "1", "--checkpoint-every", "2", "--batch-tokens", "256",
-                  "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--no-evaluate"]  # fmt: skip
-
 
 def measure_ours(export_dir, sentences, batch):
     import tensorflow as tf
@@ -191,10 +188,9 @@ def main():
     args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
         if args.smoke:
-            from training import train
+            from bench.serving import train_smoke_run
 
-            args.run_dir, args.limit, args.rounds, args.max_extra_length = os.path.join(scratch, "run"), 8, 1, 4
-            train.train(train.parse_args(["--run-dir", args.run_dir, *SMOKE_TRAINING]))
+            args.run_dir, args.limit, args.rounds, args.max_extra_length = train_smoke_run(scratch), 8, 1, 4
         elif not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
         compare(*prepare(args.run_dir, scratch, args), args)

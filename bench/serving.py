@@ -38,6 +38,15 @@ SMOKE_TRAINING = ["--steps", "2", "--steps-per-call", "1", "--checkpoint-every",
                   "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--no-evaluate"]  # fmt: skip
 
 
+def train_smoke_run(scratch):
+    """A 2-step tiny run in `scratch`, for the smoke modes; returns its folder."""
+    from training import train
+
+    run_dir = os.path.join(scratch, "run")
+    train.train(train.parse_args(["--run-dir", run_dir, *SMOKE_TRAINING]))
+    return run_dir
+
+
 def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=True):
     if serving_threads:
         from export.serving import use_serving_threads
@@ -135,11 +144,8 @@ def main():
         return
     with tempfile.TemporaryDirectory() as scratch:
         if args.smoke:
-            from training import train
-
-            args.run_dir, args.requests, args.max_extra_length = os.path.join(scratch, "run"), 3, 4
+            args.run_dir, args.requests, args.max_extra_length = train_smoke_run(scratch), 3, 4
             args.beam_sizes = [4]  # one export: the smoke run checks the script, not greedy search
-            train.train(train.parse_args(["--run-dir", args.run_dir, *SMOKE_TRAINING]))
         elif not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
         export_and_measure(args.run_dir, scratch, args)

@@ -11,6 +11,7 @@ from bench import multi30k
 from training import learning_curve
 
 REQUIRED = {
+    "bench.decode_profile": {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
     "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
     "bench.multihost": {"one_process_4_devices_tgt_tokens_per_s_per_device", "two_processes_2_devices_tgt_tokens_per_s_per_device", "ratio"},
     "bench.corpus_scale": {"pairs", "read_and_cut_s", "tokenizer_s", "first_step_s", "peak_rss_before_first_step_mb", "shards"},

@@ -1,0 +1,107 @@
+"""Where a served decoding step's time goes: the ops the SavedModel's search loop runs per step,
+by op type, with their count and time, under TensorFlow's profiler.
+
+    python -m bench.decode_profile --export-dir exports/demo/1 --sentences FILE [--batch 32]
+    python -m bench.decode_profile --smoke                 # seconds: a 2-step tiny run
+
+The signature `serving_default` translates the first --batch sentences of FILE (one a line; for
+a run's test split, `bench.real_serving` writes such pairs) under the README's TF Serving threads,
+once to warm up, then --calls times under `tf.profiler.experimental`. The trace's op events
+inside the search loops (`/while/body/` in their names) are grouped by op type; a step's figures
+are a call's divided by the evaluations of its loops' conditions (each runs one `All`, for
+`ops.all(done)`: a loop's steps and one more). The op times add up the threads' time, so they exceed the wall time when ops run
+side by side (the export's two searches).
+
+One JSON line: the wall time per call, the loops' steps, ops and op time per step, and the op
+types with their share of the op time (`--top`).
+"""
+
+import argparse
+import collections
+import glob
+import os
+import tempfile
+import time
+
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
+
+import tensorflow as tf  # noqa: E402
+import tensorflow_text  # noqa: E402,F401  (the SentencePiece ops of the SavedModel)
+
+from bench.common import emit, run_isolated  # noqa: E402
+
+
+def profile(export_dir, sentences, calls, top):
+    from export.serving import use_serving_threads
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    use_serving_threads()
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    text = tf.constant(sentences)
+    serve(text=text)
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        start = time.perf_counter()
+        for _ in range(calls):
+            serve(text=text)
+        wall = (time.perf_counter() - start) / calls
+        tf.profiler.experimental.stop()
+        (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        with open(path, "rb") as f:
+            space = xplane_pb2.XSpace.FromString(f.read())
+    counts, micros = collections.Counter(), collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if "/while/body/" in name or "/while/cond/" in name:
+                    kind = name.rsplit(":", 1)[-1]
+                    counts[kind] += 1
+                    micros[kind] += event.duration_ps / 1e6
+    steps = max(1, round(counts["All"] / calls))  # the loop condition's `ops.all(done)`: once a step
+    total = sum(micros.values())
+    emit({
+        "benchmark": "decode_profile",
+        "export": export_dir,
+        "batch": len(sentences),
+        "wall_ms_per_call": round(1000 * wall, 2),
+        "loop_steps_per_call": steps,
+        "ops_per_step": round(sum(counts.values()) / calls / steps, 1),
+        "op_us_per_step": round(total / calls / steps, 1),
+        "op_types": [
+            {"op": kind, "per_step": round(counts[kind] / calls / steps, 1), "share": round(micros[kind] / total, 4)}
+            for kind, _ in micros.most_common(top)
+        ],
+    })  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export-dir", help="a SavedModel version folder of python -m export")
+    parser.add_argument("--sentences", help="a file of source sentences, one a line")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=3, help="profiled calls")
+    parser.add_argument("--top", type=int, default=15, help="op types listed")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        from bench.serving import train_smoke_run
+        from export.saved_model import export
+        from keras_transformer.search import DecodingSettings
+
+        with tempfile.TemporaryDirectory() as scratch:  # the profile in a fresh process: its threads are set at start
+            exported = export(train_smoke_run(scratch), os.path.join(scratch, "exports"), DecodingSettings(max_extra_length=4))
+            sentences = os.path.join(scratch, "sentences.txt")
+            with open(sentences, "w") as f:
+                f.write("a small test\nanother sentence here\n")
+            run_isolated("bench.decode_profile", [f"--export-dir={exported}", f"--sentences={sentences}", "--calls=1"])
+        return
+    with open(args.sentences, encoding="utf-8") as f:
+        sentences = f.read().splitlines()[: args.batch]
+    profile(args.export_dir, sentences, args.calls, args.top)
+
+
+if __name__ == "__main__":
+    main()
