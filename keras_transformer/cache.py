@@ -139,6 +139,8 @@ class DecoderCache(collections.namedtuple("DecoderCache", ["layers", "source_mas
             self = self._from_per_row(kept)
         if self.origin is not None:
             return self._replace(origin=take_per_row(self.origin, parents))
+        if hypotheses == 1:  # one output a sentence continues itself
+            return self
         rows = _rows_of(ops.arange(ops.shape(parents)[0], dtype="int32"), hypotheses, parents)
         layers = [layer._replace(self_key=ops.take(layer.self_key, rows, axis=0),
                                  self_value=ops.take(layer.self_value, rows, axis=0)) for layer in self.layers]  # fmt: skip

@@ -1,3 +1,4 @@
+import functools
 import itertools
 
 import keras
@@ -176,6 +177,10 @@ def test_every_execution_gives_the_same_translations(execution, rng):
         result = graph(sources)
         np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=name)
         np.testing.assert_allclose(result.scores, reference.scores, rtol=1e-5, err_msg=name)
+    expected, result = (tf.function(lambda s: greedy_search(model, s, max_extra_length=5, execution=e))(sources)
+                        for e in (Execution(top_k="sort"), execution))  # fmt: skip
+    np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg="greedy")
+    np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg="greedy")
 
 
 def test_execution_refuses_what_cannot_run_and_chooses_the_measured_on_cpus():
@@ -204,7 +209,8 @@ def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
         np.testing.assert_allclose(best.scores, every.scores[:, 0], rtol=1e-6)
 
 
-def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(rng):
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(beam_size, rng):
     model = _model(30, seed=7)
     rows = []
 
@@ -215,8 +221,9 @@ def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(rng):
 
     never_ends = Counting(model, lambda index, source_length, slot: -1e4)
     sources = _sources(rng, [2, 9], 30)  # length limits 3 and 10
-    result = beam_search(never_ends, sources, beam_size=3, max_extra_length=1)  # eager: a Python loop
-    assert rows == [6] * 3 + [3] * 7
+    search = greedy_search if beam_size == 1 else functools.partial(beam_search, beam_size=beam_size)
+    result = search(never_ends, sources, max_extra_length=1)  # eager: a Python loop
+    assert rows == [2 * beam_size] * 3 + [beam_size] * 7
     assert list(_nonzero_lengths(result.tokens)) == [3, 10]
 
 

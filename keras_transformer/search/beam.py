@@ -5,6 +5,7 @@ import collections
 from keras import ops
 
 from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, take_per_row
+from keras_transformer.search.active import next_active, to_batch
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.loop import while_loop
 from keras_transformer.search.outputs import length_limits, start_tokens, strip, write_column
@@ -84,8 +85,8 @@ def beam_search(
         token_ids = ops.reshape(ops.take(ops.take(state.alive, index, axis=2), state.active, axis=0), (-1,))  # [a * k]
         logits, cache = model.decode_step(token_ids, index, state.cache)  # [a * k, vocab]
         best_log_prob, best_token = best_tokens(logits, per_row, execution.top_k)  # [a * k, per_row] each
-        best_log_prob = _to_batch(best_log_prob, state.active, batch, k, execution)  # [batch, k, per_row]
-        best_token = _to_batch(best_token, state.active, batch, k, execution)  # [batch, k, per_row]
+        best_log_prob = to_batch(best_log_prob, state.active, batch, k, execution)  # [batch, k, per_row]
+        best_token = to_batch(best_token, state.active, batch, k, execution)  # [batch, k, per_row]
 
         # The k best extensions of each sentence.
         candidates = state.alive_log_prob[:, :, None] + best_log_prob  # [batch, k, per_row]
@@ -108,7 +109,7 @@ def beam_search(
         cannot_improve = best_alive / best_possible_penalty <= finished_score[:, returned - 1]  # [batch]
         done = state.done | cannot_improve | (best_alive <= NEG_INF / 2)  # [batch]
 
-        active, cache = _next_active(model, execution, cache, parent, done, state.active)  # [a'], for a' sentences
+        active, cache = next_active(model, execution, cache, parent, done, state.active)  # [a'], for a' sentences
         return BeamState(
             index=index + 1,
             alive=sequences,
@@ -138,25 +139,6 @@ def beam_search(
     if return_all:
         return SearchResult(tokens, state.finished_score)
     return SearchResult(tokens[:, 0], state.finished_score[:, 0])
-
-
-def _to_batch(rows, active, batch, k, execution):
-    """`[a * k, n]` values of the active sentences' hypotheses -> `[batch, k, n]`, 0 for the
-    others (done: their NEG_INF `alive_log_prob` outweighs it)."""
-    per_sentence = ops.reshape(rows, (-1, k, rows.shape[-1]))  # [a, k, n]
-    if not execution.drop_finished:  # every sentence is active
-        return per_sentence
-    return ops.scatter(active[:, None], per_sentence, (batch, k, rows.shape[-1]))
-
-
-def _next_active(model, execution, cache, parent, done, active):
-    """The sentences the model decodes next (with `execution.drop_finished`, those of `active`
-    not `done`), and the cache reordered for them: hypothesis i of each continues `parent[b, i]`."""
-    if not execution.drop_finished:
-        return active, model.reorder_cache(cache, parent)
-    kept = ops.cast(ops.nonzero(~ops.take(done, active))[0], "int32")  # [a']: positions among the active
-    active = ops.take(active, kept)  # [a']: sentence indices
-    return active, model.reorder_cache(cache, ops.take(parent, active, axis=0), kept)
 
 
 def _best(sequences, scores, k):

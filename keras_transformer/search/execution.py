@@ -22,7 +22,7 @@ class Execution:
         shared_slots: beam search keeps a sentence's hypotheses in slots of one cache row and
             reorders a table of where each one's past is, rather than copying every layer's keys
             and values of the hypotheses it keeps.
-        drop_finished: beam search stops decoding a sentence once it is done, so a batch costs
+        drop_finished: a search stops decoding a sentence once it is done, so a batch costs
             what its unfinished sentences cost (the growing cache only: it changes shapes).
         top_k: how a step finds each hypothesis's best tokens: "sort" (`ops.top_k` over the
             vocabulary), "chunks" (two short passes over vocabulary chunks), "chunks_by_argmax"

@@ -5,13 +5,14 @@ import collections
 from keras import ops
 
 from keras_transformer.common import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.search.active import next_active, to_batch
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.loop import while_loop
 from keras_transformer.search.outputs import length_limits, start_tokens, strip, write_column
 from keras_transformer.search.settings import DecodingSettings, SearchResult, length_penalty
 from keras_transformer.search.top_k import best_tokens
 
-GreedyState = collections.namedtuple("GreedyState", ["index", "tokens", "log_prob", "length", "done", "cache"])
+GreedyState = collections.namedtuple("GreedyState", ["index", "tokens", "log_prob", "length", "done", "active", "cache"])
 GreedyState.__doc__ = """The loop state of `greedy_search`.
 
 index: int32 scalar, the position being decoded.
@@ -19,7 +20,9 @@ tokens: int32 `[batch, steps + 1]`: BOS, the tokens up to `index`, then 0.
 log_prob: float32 `[batch]`, log P of the tokens, up to and including the end of sentence.
 length: int32 `[batch]`, the output's length so far (the end of sentence included).
 done: bool `[batch]`: the output ended (end of sentence or length limit); stays True.
-cache: the model's, unread here.
+active: int32 `[a]`, ascending: the sentences the model decodes, those not done when
+    `Execution.drop_finished`, else all of them.
+cache: the model's, for the active sentences; unread here.
 """
 
 
@@ -57,15 +60,22 @@ def greedy_search(
 
     def step(state):
         index, done = state.index, state.done
-        logits, cache = model.decode_step(ops.take(state.tokens, index, axis=1), index, state.cache)  # [batch, vocab]
-        best_log_prob, best_token = best_tokens(logits, 1, execution.top_k)  # [batch, 1] each
-        token = ops.where(done, PAD_ID, best_token[:, 0])  # [batch]
+        token_ids = ops.take(ops.take(state.tokens, index, axis=1), state.active, axis=0)  # [a]
+        logits, cache = model.decode_step(token_ids, index, state.cache)  # [a, vocab]
+        best_log_prob, best_token = best_tokens(logits, 1, execution.top_k)  # [a, 1] each
+        best_log_prob = ops.reshape(to_batch(best_log_prob, state.active, batch, 1, execution), (-1,))  # [batch]
+        best_token = ops.reshape(to_batch(best_token, state.active, batch, 1, execution), (-1,))  # [batch]
+        token = ops.where(done, PAD_ID, best_token)  # [batch]
+        done = done | (token == eos_id) | (index + 1 >= length_limit)  # [batch]
+        only = ops.zeros((batch, 1), "int32")  # one output a sentence: its own parent
+        active, cache = next_active(model, execution, cache, only, done, state.active)  # [a'], for a' sentences
         return GreedyState(
             index=index + 1,
             tokens=write_column(state.tokens, index + 1, token),
-            log_prob=state.log_prob + ops.where(done, 0.0, best_log_prob[:, 0]),
-            length=ops.where(done, state.length, index + 1),
-            done=done | (token == eos_id) | (index + 1 >= length_limit),
+            log_prob=state.log_prob + ops.where(state.done, 0.0, best_log_prob),
+            length=ops.where(state.done, state.length, index + 1),
+            done=done,
+            active=active,
             cache=cache,
         )
 
@@ -76,6 +86,7 @@ def greedy_search(
         log_prob=ops.zeros((batch,), "float32"),
         length=ops.zeros((batch,), "int32"),
         done=ops.zeros((batch,), "bool"),
+        active=ops.arange(batch, dtype="int32"),
         cache=model.init_cache(encoder_output, source_mask, 1, steps if static else None),
     )
     state = while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps)
