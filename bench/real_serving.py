@@ -26,7 +26,6 @@ per measurement, and one per ratio. Without CTranslate2 (a bench-only dependency
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -123,8 +122,7 @@ def prepare(run_dir, scratch, args):
     """Exports the run for each beam size, converts it for CTranslate2 and writes the test pairs;
     returns {beam size: export folder}, the CTranslate2 folder and the pairs' file."""
     from bench import ctranslate2_reference
-    from export.saved_model import export
-    from keras_transformer.search import DecodingSettings
+    from bench.serving import export_search
     from training.run_folder import RunFolder
 
     run = RunFolder(run_dir)
@@ -132,12 +130,8 @@ def prepare(run_dir, scratch, args):
     sentences = os.path.join(scratch, "test.jsonl")
     with open(sentences, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
-    exports = {}
-    for beam_size in args.beam_sizes:
-        settings = DecodingSettings(beam_size=beam_size)
-        if args.max_extra_length is not None:
-            settings = dataclasses.replace(settings, max_extra_length=args.max_extra_length)
-        exports[beam_size] = export(run_dir, os.path.join(scratch, f"beam{beam_size}"), settings)
+    exports = {size: export_search(run_dir, os.path.join(scratch, f"beam{size}"), size, args.max_extra_length)
+               for size in args.beam_sizes}  # fmt: skip
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
         return exports, None, sentences

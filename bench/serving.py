@@ -106,9 +106,19 @@ def _metadata(export_dir):
         return json.load(f)
 
 
-def export_and_measure(run_dir, scratch, args):
+def export_search(run_dir, base, beam_size, max_extra_length=None):
+    """The run exported to `base` as `python -m export` does, with `beam_size` and
+    `max_extra_length` (None: its default); returns the version folder."""
     from export.saved_model import export
     from keras_transformer.search import DecodingSettings
+
+    settings = DecodingSettings(beam_size=beam_size)
+    if max_extra_length is not None:
+        settings = dataclasses.replace(settings, max_extra_length=max_extra_length)
+    return export(run_dir, base, settings)
+
+
+def export_and_measure(run_dir, scratch, args):
     from training.run_folder import RunFolder
 
     sources = [source for source, _ in RunFolder(run_dir).load_corpus().text_pairs("test")]
@@ -116,10 +126,7 @@ def export_and_measure(run_dir, scratch, args):
     with open(sentences_path, "w", encoding="utf-8") as f:
         f.writelines(sentence + "\n" for sentence in sources)
     for beam_size in args.beam_sizes:
-        settings = DecodingSettings(beam_size=beam_size)
-        if args.max_extra_length is not None:
-            settings = dataclasses.replace(settings, max_extra_length=args.max_extra_length)
-        export_dir = export(run_dir, os.path.join(scratch, f"beam{beam_size}"), settings)
+        export_dir = export_search(run_dir, os.path.join(scratch, f"beam{beam_size}"), beam_size, args.max_extra_length)
         run_isolated("bench.serving", [f"--only={export_dir}", f"--sentences={sentences_path}",
                                        f"--batch-sizes={','.join(map(str, args.batch_sizes))}", f"--requests={args.requests}"])  # fmt: skip
 
