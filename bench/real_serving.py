@@ -7,8 +7,9 @@ decode the same).
     python -m bench.real_serving --smoke                        # seconds: a 2-step tiny run
 
 The run is exported as `python -m export` does (once per --beam-sizes: 4 is the paper's beam
-search with alpha 0.6, 1 greedy) and converted for CTranslate2 (`bench/ctranslate2_reference.py`,
-float32). Each measurement is a fresh process that translates every test sentence (or the first
+search with alpha 0.6, 1 greedy; a beam search once per --stopping rule: "exact", the default,
+and "first_k", CTranslate2's own rule, so that one row compares the same search) and converted
+for CTranslate2 (`bench/ctranslate2_reference.py`, float32). Each measurement is a fresh process that translates every test sentence (or the first
 --limit) in file order, in batches of --batch-sizes, and times that whole pass after a warm-up:
 
 - ours: the SavedModel's `serving_default` signature (SentencePiece in the graph, no XLA), under
@@ -110,6 +111,7 @@ def worker(args):
         "system": args.worker,
         "round": args.round,
         "beam_size": decoding["beam_size"],
+        "stopping": decoding["stopping"],
         "batch": args.batch,
         "sentences": len(sources),
         "sentences_per_s": round(len(sources) / seconds, 1),
@@ -119,10 +121,11 @@ def worker(args):
 
 
 def prepare(run_dir, scratch, args):
-    """Exports the run for each beam size, converts it for CTranslate2 and writes the test pairs;
-    returns {beam size: export folder}, the CTranslate2 folder and the pairs' file."""
+    """Exports the run for each beam size (and stopping rule), converts it for CTranslate2 and
+    writes the test pairs; returns the exports, the CTranslate2 folder and the pairs' file."""
     from bench import ctranslate2_reference
     from bench.serving import export_search
+    from keras_transformer.search import DecodingSettings
     from training.run_folder import RunFolder
 
     run = RunFolder(run_dir)
@@ -130,8 +133,11 @@ def prepare(run_dir, scratch, args):
     sentences = os.path.join(scratch, "test.jsonl")
     with open(sentences, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
-    exports = {size: export_search(run_dir, os.path.join(scratch, f"beam{size}"), size, args.max_extra_length)
-               for size in args.beam_sizes}  # fmt: skip
+    exports = {}  # {(beam size, stopping rule): export folder}; greedy search has no rule
+    for size in args.beam_sizes:
+        for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
+            base = os.path.join(scratch, f"beam{size}_{stopping}")
+            exports[size, stopping] = export_search(run_dir, base, args.max_extra_length, beam_size=size, stopping=stopping)
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
         return exports, None, sentences
@@ -141,7 +147,7 @@ def prepare(run_dir, scratch, args):
 
 def compare(exports, ctranslate2_dir, sentences, args):
     for round_ in range(args.rounds):
-        for beam_size, export_dir in exports.items():
+        for (beam_size, stopping), export_dir in exports.items():
             for batch in args.batch_sizes:
                 systems = ["ours", "ctranslate2"] if round_ % 2 == 0 else ["ctranslate2", "ours"]
                 if ctranslate2_dir is None:
@@ -155,7 +161,7 @@ def compare(exports, ctranslate2_dir, sentences, args):
                 if ctranslate2_dir is None:
                     continue
                 ours, theirs = figures["ours"], figures["ctranslate2"]
-                emit({"benchmark": "real_serving_ratio", "round": round_, "beam_size": beam_size, "batch": batch,
+                emit({"benchmark": "real_serving_ratio", "round": round_, "beam_size": beam_size, "stopping": stopping, "batch": batch,
                       "ratio": round(ours["sentences_per_s"] / theirs["sentences_per_s"], 3),
                       "bleu_ours": ours["bleu"], "bleu_ctranslate2": theirs["bleu"]})  # fmt: skip
 
@@ -165,6 +171,7 @@ def main():
     parser.add_argument("--run-dir", help="a run folder of training.train")
     parser.add_argument("--smoke", action="store_true", help="a 2-step tiny run, a few sentences, one round")
     parser.add_argument("--beam-sizes", default="4,1")
+    parser.add_argument("--stopping", default="exact,first_k", help="beam search's stopping rules measured")
     parser.add_argument("--batch-sizes", default="32,1")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement runs, the systems alternating")
     parser.add_argument("--limit", type=int, help="the first N test sentences (default: all)")
@@ -180,6 +187,7 @@ def main():
         return
     args.beam_sizes = [int(size) for size in args.beam_sizes.split(",")]
     args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
+    args.stopping = args.stopping.split(",")
     with tempfile.TemporaryDirectory() as scratch:
         if args.smoke:
             from bench.serving import train_smoke_run

@@ -17,7 +17,6 @@ its defaults under `--tensorflow-threads`.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -106,16 +105,15 @@ def _metadata(export_dir):
         return json.load(f)
 
 
-def export_search(run_dir, base, beam_size, max_extra_length=None):
-    """The run exported to `base` as `python -m export` does, with `beam_size` and
-    `max_extra_length` (None: its default); returns the version folder."""
+def export_search(run_dir, base, max_extra_length=None, **settings):
+    """The run exported to `base` as `python -m export` does, with `settings` (`DecodingSettings`'
+    fields) and `max_extra_length` (None: its default); returns the version folder."""
     from export.saved_model import export
     from keras_transformer.search import DecodingSettings
 
-    settings = DecodingSettings(beam_size=beam_size)
     if max_extra_length is not None:
-        settings = dataclasses.replace(settings, max_extra_length=max_extra_length)
-    return export(run_dir, base, settings)
+        settings["max_extra_length"] = max_extra_length
+    return export(run_dir, base, DecodingSettings(**settings))
 
 
 def export_and_measure(run_dir, scratch, args):
@@ -126,7 +124,7 @@ def export_and_measure(run_dir, scratch, args):
     with open(sentences_path, "w", encoding="utf-8") as f:
         f.writelines(sentence + "\n" for sentence in sources)
     for beam_size in args.beam_sizes:
-        export_dir = export_search(run_dir, os.path.join(scratch, f"beam{beam_size}"), beam_size, args.max_extra_length)
+        export_dir = export_search(run_dir, os.path.join(scratch, f"beam{beam_size}"), args.max_extra_length, beam_size=beam_size)
         run_isolated("bench.serving", [f"--only={export_dir}", f"--sentences={sentences_path}",
                                        f"--batch-sizes={','.join(map(str, args.batch_sizes))}", f"--requests={args.requests}"])  # fmt: skip
 

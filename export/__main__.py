@@ -16,7 +16,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"  # the served graph is TensorFlow's, 
 from export.saved_model import export  # noqa: E402
 from export.serving import PARALLEL_SEARCHES  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
-from training.evaluate import add_decoding_flags  # noqa: E402
+from training.evaluate import add_decoding_flags, decoding_settings  # noqa: E402
 
 
 def main(argv=None):
@@ -33,7 +33,7 @@ def main(argv=None):
                         "on separate cores (about one per core a request should use)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        settings = DecodingSettings(args.beam_size, args.alpha, args.max_extra_length)
+        settings = decoding_settings(args, max_extra_length=args.max_extra_length)
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
                         searches=args.searches)  # fmt: skip
     except ValueError as error:

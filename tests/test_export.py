@@ -276,13 +276,13 @@ def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recor
 
     assert next_version(base) == 5
     first_step, first = RunFolder(run_dir).checkpoints()[0]
-    options = ["--checkpoint", first, "--beam-size", "1", "--max-extra-length", "0", "--searches", "3"]
+    options = ["--checkpoint", first, "--beam-size", "1", "--max-extra-length", "0", "--searches", "3", "--stopping", "first_k"]
     made = subprocess.run(export_command + options, check=True, cwd=ROOT, capture_output=True, text=True)
     assert made.stdout.strip() == f"Exported to {base}/5" and next_version(base) == 6
     with open(os.path.join(base, "5", "assets", "metadata.json")) as f:
         metadata = json.load(f)
-    recorded = [metadata[key] for key in ("checkpoint", "beam_size", "max_extra_length", "searches")]
-    assert recorded == [first, 1, 0, 3]
+    recorded = [metadata[key] for key in ("checkpoint", "beam_size", "max_extra_length", "searches", "stopping")]
+    assert recorded == [first, 1, 0, 3, "first_k"]
     assert first_step < RunFolder(run_dir).checkpoints()[-1][0]
     # With no extra length an output is at most as long as its source (with its end of sentence).
     tokenizer = RunFolder(run_dir).load_tokenizer()

@@ -209,6 +209,60 @@ def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
         np.testing.assert_allclose(best.scores, every.scores[:, 0], rtol=1e-6)
 
 
+def _first_k_reference(model, source, eos_logit, k, alpha, limit):
+    """Beam search as CTranslate2 and fairseq stop it, by full forward passes, one sentence:
+    each step keeps the k best extensions of the alive hypotheses; those that end (EOS, or the
+    length limit) leave the beam; once k have ended, the best of them by log P / lp."""
+    alive, ended = [([], 0.0)], []
+    for index in range(limit):
+        extensions = []
+        for tokens, log_prob in alive:
+            inputs = np.array([[BOS_ID] + tokens], "int32")
+            logits = np.array(model((source[None], inputs))[0, -1], "float64")
+            logits[EOS_ID] += float(eos_logit(index, float(np.sum(source != PAD_ID))))
+            logits[PAD_ID] = -np.inf
+            log_probs = logits - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()
+            extensions += [(tokens + [t], log_prob + log_probs[t]) for t in range(len(logits)) if t != PAD_ID]
+        extensions = sorted(extensions, key=lambda pair: -pair[1])[:k]
+        alive = []
+        for tokens, log_prob in extensions:
+            if tokens[-1] == EOS_ID or index + 1 >= limit:
+                ended.append((log_prob / float(length_penalty(len(tokens), alpha)), [t for t in tokens if t != EOS_ID]))
+            else:
+                alive.append((tokens, log_prob))
+        if len(ended) >= k:
+            break
+    return max(ended, key=lambda pair: pair[0])
+
+
+def test_first_k_stopping_returns_the_best_of_the_first_k_ended_and_stops_sooner(rng):
+    def eos_logit(index, source_length):  # hypotheses end at various steps
+        return 2.0 * np.sin(5.0 * source_length + 2.0 * index)
+
+    rows = {}  # decoded, per rule: the search stops decoding the sentences that are done
+
+    class Counting(_EosLogit):
+        def decode_step(self, token_ids, index, cache):
+            rows[self.stopping] = rows.get(self.stopping, 0) + int(token_ids.shape[0])
+            return super().decode_step(token_ids, index, cache)
+
+    model = _model(30, seed=12)
+    searcher = Counting(model, lambda index, source_length, slot: eos_logit(tf.cast(index, tf.float32), source_length))
+    sources = _sources(rng, [6, 2, 9, 4, 7], 30)
+    results = {}
+    for stopping in ("first_k", "exact"):
+        searcher.stopping = stopping
+        results[stopping] = beam_search(searcher, sources, beam_size=3, alpha=0.6, max_extra_length=10, stopping=stopping)
+    for row, source in enumerate(sources):
+        score, tokens = _first_k_reference(model, source, eos_logit, 3, 0.6, int(np.sum(source != PAD_ID)) + 10)
+        found = np.asarray(results["first_k"].tokens[row])
+        assert list(found[found != PAD_ID]) == tokens, row
+        np.testing.assert_allclose(results["first_k"].scores[row], score, rtol=1e-4)
+    # The exact rule decodes on from the same beams, and can only find a better hypothesis.
+    assert rows["first_k"] < rows["exact"]
+    assert np.all(np.asarray(results["exact"].scores) >= np.asarray(results["first_k"].scores) - 1e-6)
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(beam_size, rng):
     model = _model(30, seed=7)
@@ -285,13 +339,15 @@ def test_n_best_is_sorted_and_distinct(rng):
 def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_size(rng):
     from keras_transformer.search import DecodingSettings, decode
 
-    assert DecodingSettings() == DecodingSettings(beam_size=4, alpha=0.6, max_extra_length=50)
+    assert DecodingSettings() == DecodingSettings(beam_size=4, alpha=0.6, max_extra_length=50, stopping="exact")
     model = _model(30, seed=6)
     sources = _sources(rng, [5, 2], 30)
     for settings, expected in (
         (DecodingSettings(beam_size=1, max_extra_length=4), greedy_search(model, sources, max_extra_length=4)),
         (DecodingSettings(beam_size=3, alpha=1.0, max_extra_length=4),
          beam_search(model, sources, beam_size=3, alpha=1.0, max_extra_length=4)),
+        (DecodingSettings(beam_size=3, max_extra_length=4, stopping="first_k"),
+         beam_search(model, sources, beam_size=3, max_extra_length=4, stopping="first_k")),
     ):  # fmt: skip
         result = decode(model, sources, settings)
         np.testing.assert_array_equal(result.tokens, expected.tokens)
@@ -299,6 +355,8 @@ def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_s
     for bad in (dict(beam_size=0), dict(max_extra_length=-1), dict(alpha=-0.5)):
         with pytest.raises(ValueError, match="beam_size >= 1"):
             DecodingSettings(**bad)
+    with pytest.raises(ValueError, match="stopping is one of exact, first_k; got 'never'"):
+        DecodingSettings(stopping="never")
 
 
 def test_take_per_row_equals_numpys_take_along_axis(rng):

@@ -21,7 +21,7 @@ import sacrebleu  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer import PAD_ID  # noqa: E402
-from keras_transformer.search import DecodingSettings, Execution, decode  # noqa: E402
+from keras_transformer.search import STOPPING_RULES, DecodingSettings, Execution, decode  # noqa: E402
 from training import run_folder  # noqa: E402
 from training.data import bucket_lengths  # noqa: E402
 
@@ -120,9 +120,18 @@ def prefixed(metrics, split):
 
 
 def add_decoding_flags(parser):
-    """--beam-size and --alpha, with `DecodingSettings`' defaults (the paper's)."""
+    """--beam-size, --alpha and --stopping, with `DecodingSettings`' defaults (the paper's);
+    `decoding_settings(args)` reads them."""
     parser.add_argument("--beam-size", type=int, default=DecodingSettings.beam_size, help="1 for greedy search")
     parser.add_argument("--alpha", type=float, default=DecodingSettings.alpha, help="length penalty exponent")
+    parser.add_argument("--stopping", choices=STOPPING_RULES, default=DecodingSettings.stopping,
+                        help="when beam search is done with a sentence: exact (no alive hypothesis can beat the "
+                        "best ended one) or first_k (beam-size hypotheses have ended: faster, as CTranslate2)")  # fmt: skip
+
+
+def decoding_settings(args, **more):
+    """The `DecodingSettings` of `add_decoding_flags`' flags, and `more` fields."""
+    return DecodingSettings(beam_size=args.beam_size, alpha=args.alpha, stopping=args.stopping, **more)
 
 
 def main(argv=None):
@@ -143,7 +152,7 @@ def main(argv=None):
             run.load_tokenizer(),
             corpus,
             args.split,
-            DecodingSettings(args.beam_size, args.alpha),
+            decoding_settings(args),
             limit=args.limit,
             output_path=os.path.join(args.run_dir, f"translations.{args.split}.txt"),
         )

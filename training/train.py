@@ -30,7 +30,6 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.config import PRESETS  # noqa: E402
-from keras_transformer.search import DecodingSettings  # noqa: E402
 from training import backends, data, evaluate, shards  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
@@ -137,7 +136,7 @@ def train(args, strategy=None):
     if args.backend != backends.current():
         raise ValueError(f"--backend {args.backend}, but Keras runs on {backends.current()}: set KERAS_BACKEND="
                          f"{args.backend} before Keras is imported (the command line does it for you).")  # fmt: skip
-    decoding = DecodingSettings(args.beam_size, args.alpha)  # for the evaluations; checked before training
+    decoding = evaluate.decoding_settings(args)  # for the evaluations; checked before training
     processes = None
     if args.processes != "1":
         processes = {"coordinator_address": args.coordinator_address, "process_id": args.process_id,

@@ -17,7 +17,7 @@ from keras_transformer.search.beam import BeamState, beam_search
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import GreedyState, greedy_search
 from keras_transformer.search.interface import DecodingModel
-from keras_transformer.search.settings import DecodingSettings, SearchResult, length_penalty
+from keras_transformer.search.settings import STOPPING_RULES, DecodingSettings, SearchResult, length_penalty
 
 
 def decode(model, source_ids, settings=DecodingSettings(), execution=None, *, max_length=None):
@@ -41,7 +41,7 @@ def decode(model, source_ids, settings=DecodingSettings(), execution=None, *, ma
                   execution=execution)  # fmt: skip
     if settings.beam_size == 1:
         return greedy_search(model, source_ids, **common)
-    return beam_search(model, source_ids, beam_size=settings.beam_size, **common)
+    return beam_search(model, source_ids, beam_size=settings.beam_size, stopping=settings.stopping, **common)
 
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "DecodingSettings",
     "Execution",
     "GreedyState",
+    "STOPPING_RULES",
     "SearchResult",
     "beam_search",
     "decode",

@@ -37,6 +37,7 @@ def beam_search(
     beam_size=DecodingSettings.beam_size,
     alpha=DecodingSettings.alpha,
     max_extra_length=DecodingSettings.max_extra_length,
+    stopping=DecodingSettings.stopping,
     max_length=None,
     execution=None,
     return_all=False,
@@ -51,7 +52,8 @@ def beam_search(
     `log P / lp`, and stop being alive. A sentence is done when no alive hypothesis can still
     beat the finished one it returns (with `return_all`, the k-th): log-probabilities only fall
     as a hypothesis grows, so its best possible score is its log-probability over lp(length
-    limit). With `beam_size=1` this is exactly greedy search.
+    limit). With `stopping="first_k"` it is also done once k hypotheses have ended. With
+    `beam_size=1` this is exactly greedy search.
 
     Args:
         model: a `DecodingModel` (a `Transformer`).
@@ -59,6 +61,7 @@ def beam_search(
         beam_size: k, the hypotheses kept per sentence.
         alpha: the length penalty exponent.
         max_extra_length: each output has at most its source's length + this many tokens.
+        stopping: "exact" or "first_k" (`DecodingSettings.stopping`).
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
         execution: an `Execution` (default: `Execution.choose()`).
@@ -69,6 +72,7 @@ def beam_search(
         A `SearchResult`: tokens `[batch, max_length]` and scores `[batch]`, or with
         `return_all` tokens `[batch, beam_size, max_length]` and scores `[batch, beam_size]`.
     """
+    DecodingSettings(beam_size, alpha, max_extra_length, stopping)  # checks them
     execution = execution or Execution.choose()
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     k = beam_size
@@ -108,6 +112,8 @@ def beam_search(
         best_alive = ops.max(alive_log_prob, axis=1)  # [batch]
         cannot_improve = best_alive / best_possible_penalty <= finished_score[:, returned - 1]  # [batch]
         done = state.done | cannot_improve | (best_alive <= NEG_INF / 2)  # [batch]
+        if stopping == "first_k":
+            done = done | (finished_score[:, k - 1] > NEG_INF / 2)  # [batch]: k hypotheses have ended
 
         active, cache = next_active(model, execution, cache, parent, done, state.active)  # [a'], for a' sentences
         return BeamState(

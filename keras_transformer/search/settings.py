@@ -11,18 +11,25 @@ from keras import ops
 class DecodingSettings:
     """How to decode: the paper's beam search by default (`hyperparameters.md`): beam 4, length
     penalty `lp(Y) = ((5 + |Y|) / 6) ** alpha` with alpha 0.6, at most `source length + 50`
-    output tokens, early termination. |Y| counts the output tokens including the end-of-sentence
-    token.
+    output tokens, early termination when possible. |Y| counts the output tokens including the
+    end-of-sentence token.
 
     Args:
         beam_size: hypotheses kept per sentence; 1 is greedy search.
         alpha: the length penalty exponent.
         max_extra_length: each output has at most its source's length + this many tokens.
+        stopping: when beam search is done with a sentence (`STOPPING_RULES`). "exact": once no
+            alive hypothesis can beat the best ended one, whatever its continuation (the bound
+            of tensor2tensor, the paper's code). "first_k": once `beam_size` hypotheses have
+            ended (or sooner, where "exact" holds), returning the best of them, as CTranslate2,
+            fairseq and Hugging Face's `early_stopping=True` do: fewer steps, and it may miss a
+            longer hypothesis that would have scored higher (bench/README.md measures both).
     """
 
     beam_size: int = 4
     alpha: float = 0.6
     max_extra_length: int = 50
+    stopping: str = "exact"
 
     def __post_init__(self):
         if self.beam_size < 1 or self.max_extra_length < 0 or self.alpha < 0:
@@ -30,6 +37,11 @@ class DecodingSettings:
                 f"Decoding needs beam_size >= 1, alpha >= 0 and max_extra_length >= 0; got beam_size "
                 f"{self.beam_size}, alpha {self.alpha}, max_extra_length {self.max_extra_length}."
             )
+        if self.stopping not in STOPPING_RULES:
+            raise ValueError(f"Decoding's stopping is one of {', '.join(STOPPING_RULES)}; got {self.stopping!r}.")
+
+
+STOPPING_RULES = ("exact", "first_k")
 
 
 SearchResult = collections.namedtuple("SearchResult", ["tokens", "scores"])
