@@ -11,6 +11,7 @@ from bench import multi30k
 from training import learning_curve
 
 REQUIRED = {
+    "bench.compare_exports": {"benchmark", "batch"},  # and each round's figures, or a summary
     "bench.decode_profile": {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
     "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
     "bench.multihost": {"one_process_4_devices_tgt_tokens_per_s_per_device", "two_processes_2_devices_tgt_tokens_per_s_per_device", "ratio"},
@@ -41,6 +42,12 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path):
         assert all({"sentences_per_s", "bleu"} <= set(r) or {"ratio", "bleu_ours", "bleu_ctranslate2"} <= set(r)
                    for r in records), records  # fmt: skip
         assert {r.get("system") for r in records} >= {"ours"}
+    if module == "bench.compare_exports":  # two rounds of both exports, then the second's summary
+        rounds = [r for r in records if r["benchmark"] == "compare_exports"]
+        assert [len(r["sentences_per_s_each"]) for r in rounds] == [2, 2] and all(r["ratios"][0] == 1 for r in rounds)
+        (summary,) = [r for r in records if r["benchmark"] == "compare_exports_summary"]
+        assert summary["min_ratio"] <= summary["median_ratio"] <= summary["max_ratio"]
+        assert 0 <= summary["same_translations"] <= 1
     if module == "bench.multi30k":  # the learning curve has dev points, and metrics.json the extra figures
         assert records[0]["learning_curve"] == str(tmp_path / "run" / "learning_curve.png")
         assert (tmp_path / "run" / "learning_curve.png").read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,105 @@
+"""SavedModels of `python -m export` side by side in one process: the same requests to each in
+turn, round after round (the order reversed every other round), with each one's sentences per
+second, its ratio to the first export's in the same round, and the share of its translations
+equal to the first's.
+
+    python -m bench.compare_exports --sentences FILE BASE/1 OTHER/1 [--batch 32] [--rounds 10]
+    python -m bench.compare_exports --smoke                # seconds: a 2-step tiny run
+
+Alternating processes (bench.real_serving) move by up to 20% from one to the next on a shared
+2-core machine; in one process a round's drift hits every export alike, so the median of ten
+same-round ratios shows a change of a few percent. FILE holds source sentences, one a line, or a
+run's test pairs as JSON lines (`[source, reference]`, as bench.real_serving writes them); the
+first --limit are sent in requests of --batch, under the README's TF Serving threads, after each
+export's warm-up requests.
+
+One JSON line per round, then one per export after the first: the median, lowest and highest of
+its ratios.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
+
+from bench.common import emit, run_isolated  # noqa: E402
+
+
+def read_sources(path, limit):
+    """The first `limit` source sentences of a file of sentences or of JSON `[source, reference]` lines."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()[:limit]
+    return [json.loads(line)[0] if line.startswith("[") else line for line in lines]
+
+
+def compare(export_dirs, sources, batch, rounds):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
+
+    from bench.serving import replay_warmup_requests
+    from export.serving import use_serving_threads
+
+    use_serving_threads()
+    serves = []
+    for export_dir in export_dirs:
+        serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+        replay_warmup_requests(export_dir, serve)
+        serves.append(serve)
+    requests = [tf.constant(sources[i : i + batch]) for i in range(0, len(sources), batch)]
+    outputs = [[serve(text=request)["translation"].numpy() for request in requests] for serve in serves]
+    same = [sum(int((a == b).sum()) for a, b in zip(outputs[0], output)) / len(sources) for output in outputs]
+
+    ratios = [[] for _ in serves]
+    for round_ in range(rounds):
+        speeds = [0.0] * len(serves)
+        for index in range(len(serves)) if round_ % 2 == 0 else reversed(range(len(serves))):
+            start = time.perf_counter()
+            for request in requests:
+                serves[index](text=request)
+            speeds[index] = len(sources) / (time.perf_counter() - start)
+        for index, speed in enumerate(speeds):
+            ratios[index].append(speed / speeds[0])
+        emit({"benchmark": "compare_exports", "round": round_, "batch": batch, "sentences": len(sources),
+              "sentences_per_s_each": [round(speed, 1) for speed in speeds],
+              "ratios": [round(ratio[-1], 3) for ratio in ratios]})  # fmt: skip
+    for export_dir, ratio, share in list(zip(export_dirs, ratios, same))[1:]:
+        emit({"benchmark": "compare_exports_summary", "export": export_dir, "baseline": export_dirs[0],
+              "batch": batch, "rounds": rounds, "median_ratio": round(statistics.median(ratio), 3),
+              "min_ratio": round(min(ratio), 3), "max_ratio": round(max(ratio), 3),
+              "same_translations": round(share, 4)})  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("exports", nargs="*", help="SavedModel version folders; ratios are to the first")
+    parser.add_argument("--sentences", help="source sentences, or a run's test pairs as JSON lines")
+    parser.add_argument("--batch", type=int, default=32, help="sentences a request")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--limit", type=int, default=320, help="the first N sentences of --sentences")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        from bench.serving import export_search, train_smoke_run
+
+        with tempfile.TemporaryDirectory() as scratch:  # the comparison in a fresh process: its threads are set at start
+            run_dir = train_smoke_run(scratch)
+            exports = [export_search(run_dir, os.path.join(scratch, stopping), max_extra_length=4, stopping=stopping)
+                       for stopping in ("exact", "first_k")]  # fmt: skip
+            sentences = os.path.join(scratch, "sentences.txt")
+            with open(sentences, "w") as f:
+                f.write("a small test\nanother sentence here\nand a third\n")
+            run_isolated("bench.compare_exports", [*exports, f"--sentences={sentences}", "--batch=2", "--rounds=2"])
+        return
+    if len(args.exports) < 2 or not args.sentences:
+        parser.error("two or more exports and --sentences are needed (or --smoke)")
+    compare(args.exports, read_sources(args.sentences, args.limit), args.batch, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
