@@ -48,9 +48,9 @@ def compare(export_dirs, sources, batch, rounds):
     use_serving_threads()
     serves = []
     for export_dir in export_dirs:
-        serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-        replay_warmup_requests(export_dir, serve)
-        serves.append(serve)
+        loaded = tf.saved_model.load(export_dir)
+        replay_warmup_requests(export_dir, loaded)
+        serves.append(loaded.signatures["serving_default"])
     requests = [tf.constant(sources[i : i + batch]) for i in range(0, len(sources), batch)]
     outputs = [[serve(text=request)["translation"].numpy() for request in requests] for serve in serves]
     same = [sum(int((a == b).sum()) for a, b in zip(outputs[0], output)) / len(sources) for output in outputs]

@@ -48,8 +48,9 @@ def measure_ours(export_dir, sentences, batch):
     from export.serving import use_serving_threads
 
     use_serving_threads()
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    replay_warmup_requests(export_dir, serve)
+    loaded = tf.saved_model.load(export_dir)
+    serve = loaded.signatures["serving_default"]
+    replay_warmup_requests(export_dir, loaded)
 
     def translate(texts):
         return [t.decode("utf-8") for t in serve(text=tf.constant(texts))["translation"].numpy()]

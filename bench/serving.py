@@ -54,9 +54,10 @@ def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=T
     with open(sentences_path, encoding="utf-8") as f:
         sentences = f.read().splitlines()
     start = time.perf_counter()
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    model = tf.saved_model.load(export_dir)
+    serve = model.signatures["serving_default"]
     loaded = time.perf_counter()
-    replay_warmup_requests(export_dir, serve)
+    replay_warmup_requests(export_dir, model)
     warmed = time.perf_counter()
     serve(text=tf.constant(sentences[:1]))
     cold_start = time.perf_counter() - start
@@ -89,15 +90,17 @@ def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=T
         )
 
 
-def replay_warmup_requests(export_dir, serve):
+def replay_warmup_requests(export_dir, loaded):
     """What TF Serving does before it serves a new version: run the requests of the SavedModel's
-    `assets.extra/tf_serving_warmup_requests` (PredictionLog records) through the signature."""
+    `assets.extra/tf_serving_warmup_requests` (PredictionLog records) through the signatures
+    they name of `loaded` (the loaded SavedModel)."""
     from tensorflow_serving.apis import prediction_log_pb2
 
     path = os.path.join(export_dir, "assets.extra", "tf_serving_warmup_requests")
     for record in tf.data.TFRecordDataset(path):
         request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
-        serve(**{name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()})
+        signature = loaded.signatures[request.model_spec.signature_name]
+        signature(**{name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()})
 
 
 def _metadata(export_dir):

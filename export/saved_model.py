@@ -30,25 +30,31 @@ from training.run_folder import RunFolder
 # that the first user request does not pay the graph's set-up.
 WARMUP_FILE = "tf_serving_warmup_requests"
 WARMUP_BATCH_SIZES = (1, 32)
+# Each signature's int32 inputs besides `text` in its warm-up requests, one value for every sentence
+# (export/serving.py).
+WARMUP_SIGNATURES = {"serving_default": {}, "n_best": {"n": 1}}
 
 
 def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
-    """Writes `path`: one `PredictionLog` record per batch size of `WARMUP_BATCH_SIZES`, each a
-    `serving_default` request of made-up sentences (random pieces of the vocabulary, of lengths
-    up to the model's `max_source_length`)."""
+    """Writes `path`: for each signature of `WARMUP_SIGNATURES`, one `PredictionLog` record per
+    batch size of `WARMUP_BATCH_SIZES`, a request of made-up sentences (random pieces of the
+    vocabulary, of lengths up to the model's `max_source_length`)."""
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     rng = np.random.default_rng(seed)
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.TFRecordWriter(path) as writer:
-        for batch in WARMUP_BATCH_SIZES:
-            lengths = rng.integers(1, max_source_length, size=batch)
-            ids = tf.ragged.constant([rng.integers(4, tokenizer.vocab_size, size=n).tolist() for n in lengths])
-            request = predict_pb2.PredictRequest()
-            request.model_spec.signature_name = "serving_default"
-            request.inputs["text"].CopyFrom(tf.make_tensor_proto(tokenizer.detokenize(ids).numpy(), dtype=tf.string))
-            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-            writer.write(log.SerializeToString())
+        for signature, inputs in WARMUP_SIGNATURES.items():
+            for batch in WARMUP_BATCH_SIZES:
+                lengths = rng.integers(1, max_source_length, size=batch)
+                ids = tf.ragged.constant([rng.integers(4, tokenizer.vocab_size, size=n).tolist() for n in lengths])
+                request = predict_pb2.PredictRequest()
+                request.model_spec.signature_name = signature
+                request.inputs["text"].CopyFrom(tf.make_tensor_proto(tokenizer.detokenize(ids).numpy(), dtype=tf.string))
+                for name, value in inputs.items():  # the same value for each sentence
+                    request.inputs[name].CopyFrom(tf.make_tensor_proto(np.full(batch, value, np.int32)))
+                log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+                writer.write(log.SerializeToString())
 
 
 def next_version(base):
@@ -102,7 +108,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches)
         saved = os.path.join(staging, "model")
-        tf.saved_model.save(translator, saved, signatures={"serving_default": translator.translate})
+        tf.saved_model.save(translator, saved, signatures={"serving_default": translator.translate, "n_best": translator.n_best})
         write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length)
         os.rename(saved, target)  # atomic on one filesystem
     finally:

@@ -1,9 +1,18 @@
 """The exported tf.Module: text -> SentencePiece ids -> beam (or greedy) search -> text.
 
-One function, `translate`, is both `loaded.translate(text)` and the `serving_default` signature:
-input `text` (tf.string, [None]); outputs `translation` (tf.string, [None]) and `score`
-(tf.float32, [None], the length-penalised log-probability). It uses only ops of TensorFlow and
-tensorflow-text (which the stock TF Serving binary links), and no XLA.
+Each function is both a method of the loaded module and a signature of TF Serving's:
+
+- `translate`, the `serving_default` signature: input `text` (tf.string, [None]); outputs
+  `translation` (tf.string, [None]) and `score` (tf.float32, [None], the length-penalised
+  log-probability).
+- `n_best`, the `n_best` signature: inputs `text` and `n` (tf.int32, [None]: for each sentence,
+  how many translations, 1 to the beam size); outputs `translations` (tf.string, [None, None])
+  and `scores` (tf.float32, [None, None]), each sentence's n best translations, best first, as
+  many columns as the largest n (server-side batching may merge requests), the columns past a
+  sentence's n holding "" and -1e9.
+
+They use only ops of TensorFlow and tensorflow-text (which the stock TF Serving binary links),
+and no XLA.
 
 Bad input still gets one result per line: bytes that are not UTF-8 are replaced by U+FFFD, a
 source longer than the model's `max_length` tokens is cut there, and outputs have at most
@@ -15,13 +24,16 @@ which run side by side on separate cores when each op runs on one thread: `use_s
 here, `--tensorflow_intra_op_parallelism=1` in TF Serving (export/README.md).
 """
 
+import dataclasses
 import os
 
 import tensorflow as tf
 
+from keras_transformer.common import NEG_INF
 from keras_transformer.search import DecodingSettings, Execution, SearchResult, decode
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+N_SPEC = tf.TensorSpec([None], tf.int32, name="n")
 PARALLEL_SEARCHES = 2
 # The served graph: TensorFlow without XLA (as the stock TF Serving binary runs it), on CPUs.
 SERVED_EXECUTION = Execution.choose(compiled=False, platform="cpu")
@@ -61,12 +73,34 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[TEXT_SPEC])
     def translate(self, text):
+        result = self._decode(text, self.settings)
+        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
+
+    @tf.function(input_signature=[TEXT_SPEC, N_SPEC])
+    def n_best(self, text, n):
+        k = self.settings.beam_size
+        n = tf.ensure_shape(n, N_SPEC.shape, name="n_must_be_a_vector_of_int32")
+        checks = [
+            tf.debugging.assert_equal(tf.size(n), tf.size(text), message="n must hold one value per sentence of text"),
+            tf.debugging.assert_greater_equal(n, 1, message=f"n must be 1 to the beam size, {k}"),
+            tf.debugging.assert_less_equal(n, k, message=f"n must be 1 to the beam size, {k}"),
+        ]
+        with tf.control_dependencies(checks):
+            # The beam's k best, all final; their first n are the n best.
+            result = self._decode(text, dataclasses.replace(self.settings, num_hypotheses=k))
+        width = tf.reduce_max(tf.concat([n, [0]], axis=0))
+        tokens, scores = result.tokens[:, :width], result.scores[:, :width]  # [batch, width, length], [batch, width]
+        shape = tf.shape(tokens)
+        translations = tf.reshape(self.tokenizer.detokenize(tf.reshape(tokens, [-1, shape[2]])), shape[:2])
+        asked = tf.range(width)[None] < n[:, None]  # [batch, width]
+        return {"translations": tf.where(asked, translations, ""), "scores": tf.where(asked, scores, NEG_INF)}
+
+    def _decode(self, text, settings):
         # TF Serving feeds any shape it is sent; Python callers are checked against TEXT_SPEC.
         text = tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings")
         text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
         source_ids = self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
-        result = in_parallel(lambda ids: decode(self.model, ids, self.settings, SERVED_EXECUTION), source_ids, self.searches)
-        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
+        return in_parallel(lambda ids: decode(self.model, ids, settings, SERVED_EXECUTION), source_ids, self.searches)
 
 
 def in_parallel(search, source_ids, searches):

@@ -1,10 +1,14 @@
 """`python -m export.translate EXPORT_DIR "a sentence" ...`: translate with an exported model alone.
 
 EXPORT_DIR is a version folder, or a base path whose highest version is used. Sentences come
-from the arguments, from --input-file (one per line), or from standard input.
+from the arguments, from --input-file (one per line), or from standard input. Each translation
+is printed on a line of its own; with --n-best N, each sentence's N best translations (the
+`n_best` signature), a line each: the sentence's number (from 1), the rank, the score and the
+translation, tab-separated.
 """
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -36,23 +40,38 @@ def main(argv=None):
     parser.add_argument("--input-file", help="one sentence per line")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--scores", action="store_true", help="print each score before its translation")
+    parser.add_argument("--n-best", type=int, help="print each sentence's N best translations, with their scores")
     args = parser.parse_args(argv)
     use_serving_threads()
     try:
-        translator = tf.saved_model.load(resolve(args.export_dir))
+        export_dir = resolve(args.export_dir)
+        translator = tf.saved_model.load(export_dir)
     except ValueError as error:
         sys.exit(f"error: {error}")
+    if args.n_best is not None:
+        if not hasattr(translator, "n_best"):
+            sys.exit(f"error: {export_dir} has no n_best signature (an export of an earlier version): export it again.")
+        with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
+            beam_size = json.load(f)["beam_size"]
+        if not 1 <= args.n_best <= beam_size:
+            sys.exit(f"error: --n-best {args.n_best}: {export_dir} searches with a beam of {beam_size}, so 1 to {beam_size}.")
     if args.input_file:
         with open(args.input_file, encoding="utf-8", errors="replace") as f:
             sentences = f.read().splitlines()
     else:
         sentences = args.sentences or sys.stdin.read().splitlines()
     for start in range(0, len(sentences), args.batch_size):
-        result = translator.translate(tf.constant(sentences[start : start + args.batch_size]))
+        batch = tf.constant(sentences[start : start + args.batch_size])
+        if args.n_best:
+            result = translator.n_best(batch, tf.fill(tf.shape(batch), args.n_best))
+            for row, (translations, scores) in enumerate(zip(result["translations"].numpy(), result["scores"].numpy())):
+                for rank, (translation, score) in enumerate(zip(translations, scores), 1):
+                    print(f"{start + row + 1}\t{rank}\t{score:.4f}\t{translation.decode('utf-8')}", flush=True)
+            continue
+        result = translator.translate(batch)
         for translation, score in zip(result["translation"].numpy(), result["score"].numpy()):
             line = translation.decode("utf-8")
             print(f"{score:.4f}\t{line}" if args.scores else line, flush=True)
-
 
 if __name__ == "__main__":
     main()

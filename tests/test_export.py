@@ -114,27 +114,34 @@ def _rest_body_through_signature(signature, body):
     columns). Not a server: what it checks is that the signature's names, dtypes and shapes
     fit those body formats."""
     request = json.loads(body)
-    (name, spec), = signature.structured_input_signature[1].items()
-    if "instances" in request:  # one input: each instance is one value of it (or {name: value})
-        values = [row[name] if isinstance(row, dict) else row for row in request["instances"]]
-    else:
-        values = request["inputs"][name] if isinstance(request["inputs"], dict) else request["inputs"]
-    outputs = {key: value.numpy().tolist() for key, value in signature(**{name: tf.constant(values, spec.dtype)}).items()}
-    for key, value in outputs.items():
-        outputs[key] = [v.decode() if isinstance(v, bytes) else v for v in value]
+    specs = signature.structured_input_signature[1]
+    if "instances" in request:  # each instance is one value of each input: bare with one input, else {name: value}
+        values = {name: [row[name] if isinstance(row, dict) else row for row in request["instances"]] for name in specs}
+    else:  # one value (a list for a batch) per input: bare with one input, else {name: value}
+        columns = request["inputs"]
+        values = columns if isinstance(columns, dict) else {next(iter(specs)): columns}
+    called = signature(**{name: tf.constant(values[name], spec.dtype) for name, spec in specs.items()})
+    outputs = {key: _decoded(value.numpy().tolist()) for key, value in called.items()}
     if "instances" in request:
         return json.dumps({"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]})
     return json.dumps({"outputs": outputs})
 
 
-def _grpc_body_through_signature(signature, serialized_request):
-    """The conversion TF Serving's gRPC Predict makes, around a call of `signature`: a serialized
-    PredictRequest's TensorProtos to the signature's tensors, its outputs to a serialized
-    PredictResponse. Not a server (as `_rest_body_through_signature`)."""
+def _decoded(value):
+    """A tensor's `tolist()` with its bytes read as UTF-8 (JSON has no bytes)."""
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _grpc_body_through_signature(signature, signature_name, serialized_request):
+    """The conversion TF Serving's gRPC Predict makes, around a call of `signature` (named
+    `signature_name`): a serialized PredictRequest's TensorProtos to the signature's tensors, its
+    outputs to a serialized PredictResponse. Not a server (as `_rest_body_through_signature`)."""
     from tensorflow_serving.apis import predict_pb2
 
     request = predict_pb2.PredictRequest.FromString(serialized_request)
-    assert request.model_spec.signature_name == "serving_default"
+    assert request.model_spec.signature_name == signature_name
     inputs = {name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()}
     response = predict_pb2.PredictResponse()
     for name, value in signature(**inputs).items():
@@ -161,26 +168,81 @@ def test_rest_and_grpc_request_bodies_convert_to_the_signature_and_back(exported
     request = predict_pb2.PredictRequest()
     request.model_spec.name, request.model_spec.signature_name = "translator", "serving_default"
     request.inputs["text"].CopyFrom(tf.make_tensor_proto(SENTENCES, dtype=tf.string))
-    response = predict_pb2.PredictResponse.FromString(_grpc_body_through_signature(signature, request.SerializeToString()))
+    response = predict_pb2.PredictResponse.FromString(
+        _grpc_body_through_signature(signature, "serving_default", request.SerializeToString()))
     assert [t.decode() for t in tf.make_ndarray(response.outputs["translation"])] == translations
     np.testing.assert_allclose(tf.make_ndarray(response.outputs["score"]), scores)
 
+    # n_best takes an n for each sentence: both body formats carry it.
+    n_best = loaded.signatures["n_best"]
+    expected = loaded.n_best(tf.constant(SENTENCES), tf.constant([2, 2, 2]))
+    columns = json.loads(_rest_body_through_signature(n_best, json.dumps({"inputs": {"text": SENTENCES, "n": [2, 2, 2]}})))
+    assert columns["outputs"]["translations"] == _decoded(expected["translations"].numpy().tolist())
+    np.testing.assert_allclose(columns["outputs"]["scores"], expected["scores"].numpy(), rtol=1e-6)
+    rows = json.loads(_rest_body_through_signature(n_best, json.dumps({"instances": [{"text": s, "n": 2} for s in SENTENCES]})))
+    assert [row["translations"] for row in rows["predictions"]] == columns["outputs"]["translations"]
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = "translator", "n_best"
+    request.inputs["text"].CopyFrom(tf.make_tensor_proto(SENTENCES, dtype=tf.string))
+    request.inputs["n"].CopyFrom(tf.make_tensor_proto([2, 2, 2], dtype=tf.int32))
+    response = predict_pb2.PredictResponse.FromString(_grpc_body_through_signature(n_best, "n_best", request.SerializeToString()))
+    np.testing.assert_array_equal(tf.make_ndarray(response.outputs["translations"]), expected["translations"].numpy())
 
-def test_the_warmup_requests_are_prediction_logs_the_signature_accepts(exported):
+
+def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported):
     from tensorflow_serving.apis import prediction_log_pb2
 
     path = os.path.join(exported[4], "assets.extra", "tf_serving_warmup_requests")
     loaded = tf.saved_model.load(exported[4])
-    batch_sizes = []
+    requests = []
     for record in tf.data.TFRecordDataset(path):
         log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
         request = log.predict_log.request
-        assert request.model_spec.signature_name == "serving_default" and list(request.inputs) == ["text"]
-        text = tf.make_ndarray(request.inputs["text"])
-        result = loaded.signatures["serving_default"](text=tf.constant(text))
-        assert result["translation"].shape == (len(text),) and all(len(t) > 0 for t in text)
-        batch_sizes.append(len(text))
-    assert batch_sizes == [1, 32]
+        name = request.model_spec.signature_name
+        inputs = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in request.inputs.items()}
+        result = loaded.signatures[name](**inputs)
+        text = inputs["text"].numpy()
+        assert all(len(t) > 0 for t in text)
+        assert result["translation" if name == "serving_default" else "translations"].shape[0] == len(text)
+        requests.append((name, sorted(inputs), len(text)))
+    assert requests == [("serving_default", ["text"], 1), ("serving_default", ["text"], 32),
+                        ("n_best", ["n", "text"], 1), ("n_best", ["n", "text"], 32)]  # fmt: skip
+
+
+def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyond_the_beam(exported):
+    loaded = tf.saved_model.load(exported[4])
+    signature = loaded.signatures["n_best"]
+    specs = signature.structured_input_signature[1]
+    assert {name: (spec.dtype, spec.shape.as_list()) for name, spec in specs.items()} == {
+        "text": (tf.string, [None]), "n": (tf.int32, [None])}
+    assert {key: spec.shape.as_list() for key, spec in signature.structured_outputs.items()} == {
+        "translations": [None, None], "scores": [None, None]}
+    best = loaded.translate(tf.constant(SENTENCES))
+    lists = {n: signature(text=tf.constant(SENTENCES), n=tf.fill([len(SENTENCES)], n)) for n in (1, 2, 4)}
+    for n, result in lists.items():
+        assert result["translations"].shape == result["scores"].shape == (len(SENTENCES), n)
+        np.testing.assert_array_equal(result["translations"][:, 0], best["translation"])
+        np.testing.assert_allclose(result["scores"][:, 0], best["score"], rtol=1e-5)
+        np.testing.assert_array_equal(result["translations"], lists[4]["translations"][:, :n])
+    assert np.all(np.diff(lists[4]["scores"].numpy(), axis=1) <= 0)
+    assert all(len(set(row)) == 4 for row in lists[4]["translations"].numpy())
+    # Each sentence its own n: as many columns as the largest, the others padded.
+    mixed = signature(text=tf.constant(SENTENCES), n=tf.constant([1, 3, 2]))
+    asked = np.arange(3)[None] < np.array([1, 3, 2])[:, None]
+    np.testing.assert_array_equal(mixed["translations"].numpy()[asked], lists[4]["translations"].numpy()[:, :3][asked])
+    assert set(mixed["translations"].numpy()[~asked]) == {b""} and np.all(mixed["scores"].numpy()[~asked] == -1e9)
+    assert signature(text=tf.constant([], tf.string), n=tf.constant([], tf.int32))["translations"].shape == (0, 0)
+    for bad, error in (([0, 1, 1], "n must be 1 to the beam size, 4"), ([1, 5, 1], "n must be 1 to the beam size, 4"),
+                       ([1, 1], "n must hold one value per sentence of text")):  # fmt: skip
+        with pytest.raises(tf.errors.InvalidArgumentError, match=error):
+            signature(text=tf.constant(SENTENCES), n=tf.constant(bad))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Shape of tensor n .* not compatible with expected shape \[\?\]"):
+        signature._call_flat([tf.constant(2), tf.constant(SENTENCES)], signature.captured_inputs)  # inputs in name order
+    greedy = tf.saved_model.load(exported[1])
+    one = greedy.n_best(tf.constant(SENTENCES), tf.constant([1, 1, 1]))
+    np.testing.assert_array_equal(one["translations"][:, 0], greedy.translate(tf.constant(SENTENCES))["translation"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="n must be 1 to the beam size, 1"):
+        greedy.n_best(tf.constant(SENTENCES), tf.constant([1, 2, 1]))
 
 
 def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming_text(exported):
@@ -257,6 +319,17 @@ def test_translate_command_line(exported, tmp_path):
 
     from_stdin = subprocess.run(command, input="\n".join(SENTENCES), check=True, cwd=ROOT, capture_output=True, text=True)
     assert from_stdin.stdout.splitlines() == translations
+
+    n_best = [sys.executable, "-m", "export.translate", exported[4], *SENTENCES[:2], "--n-best", "3"]
+    lines = [line.split("\t") for line in subprocess.run(n_best, check=True, cwd=ROOT, capture_output=True,
+                                                          text=True).stdout.splitlines()]  # fmt: skip
+    assert [(sentence, rank) for sentence, rank, _, _ in lines] == [(s, r) for s in "12" for r in "123"]
+    four = tf.saved_model.load(exported[4])  # kept: its function needs its variables
+    expected = four.n_best(tf.constant(SENTENCES[:2]), tf.constant([3, 3]))
+    assert [text for *_, text in lines] == [t.decode() for t in expected["translations"].numpy().ravel()]
+    np.testing.assert_allclose([float(score) for _, _, score, _ in lines], expected["scores"].numpy().ravel(), atol=1e-4)
+    too_many = subprocess.run(n_best[:-1] + ["9"], cwd=ROOT, capture_output=True, text=True)
+    assert too_many.returncode == 1 and f"error: --n-best 9: {exported[4]} searches with a beam of 4, so 1 to 4." in too_many.stderr
 
     missing = subprocess.run(command[:-1] + [str(tmp_path / "nothing"), "x"], cwd=ROOT, capture_output=True, text=True)
     assert missing.returncode == 1 and "is neither a SavedModel nor a base path with numbered versions" in missing.stderr

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig
 from keras_transformer.common import take_per_row
-from keras_transformer.search import Execution, beam_search, greedy_search, length_penalty
+from keras_transformer.search import Execution, SearchResult, beam_search, greedy_search, length_penalty
 from keras_transformer.search import top_k as top_k_module
 
 
@@ -114,7 +114,8 @@ def test_wide_beam_finds_the_exhaustive_best(vocab, beam_size, max_length, rng):
     model = _model(vocab, seed=11)
     sources = _sources(rng, [4, 2], vocab)
     for alpha in (0.0, 0.6, 1.0):
-        result = beam_search(model, sources, beam_size=beam_size, alpha=alpha, max_length=max_length, return_all=True)
+        # The 5 best: the search stops once nothing alive can beat the 5th.
+        result = beam_search(model, sources, beam_size=beam_size, alpha=alpha, max_length=max_length, num_hypotheses=5)
         best = beam_search(model, sources, beam_size=beam_size, alpha=alpha, max_length=max_length)  # stops sooner
         for row, source in enumerate(sources):
             expected = _exhaustive(model, source, max_length, alpha)
@@ -167,10 +168,10 @@ def test_every_execution_gives_the_same_translations(execution, rng):
 
     model = _EosLogit(_model(512, seed=8), eos_logit)
     sources = _sources(rng, [5, 2, 7, 3], 512)
-    reference = tf.function(lambda s: beam_search(model, s, max_extra_length=5, return_all=True,
+    reference = tf.function(lambda s: beam_search(model, s, max_extra_length=5, num_hypotheses=4,
                                                   execution=Execution(top_k="sort")))(sources)  # fmt: skip
     assert len(set(_nonzero_lengths(reference.tokens[:, 0]))) > 1
-    graphs = {"graph": tf.function(lambda s: beam_search(model, s, max_extra_length=5, return_all=True, execution=execution))}
+    graphs = {"graph": tf.function(lambda s: beam_search(model, s, max_extra_length=5, num_hypotheses=4, execution=execution))}
     if execution.cache == "static":
         graphs["XLA"] = tf.function(graphs["graph"].python_function, jit_compile=True)
     for name, graph in graphs.items():
@@ -195,7 +196,7 @@ def test_execution_refuses_what_cannot_run_and_chooses_the_measured_on_cpus():
 
 
 def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
-    """Without `return_all` a sentence stops once nothing alive can beat its best finished
+    """Returning the best, a sentence stops once nothing alive can beat its best finished
     hypothesis, sooner than once nothing can beat its k-th: the best is the same."""
     def eos_logit(index, source_length, slot):  # hypotheses end at various steps
         return 4.0 * tf.sin(5.0 * source_length + 1.3 * slot + 2.0 * tf.cast(index, tf.float32))
@@ -204,7 +205,7 @@ def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
     sources = _sources(rng, [6, 2, 9, 4, 7], 30)
     for alpha in (0.0, 0.6):
         best = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10)
-        every = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10, return_all=True)
+        every = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10, num_hypotheses=3)
         np.testing.assert_array_equal(best.tokens, every.tokens[:, 0])
         np.testing.assert_allclose(best.scores, every.scores[:, 0], rtol=1e-6)
 
@@ -327,13 +328,22 @@ def test_a_model_that_never_ends_stops_at_the_length_limit(search, rng):
     np.testing.assert_array_equal(_nonzero_lengths(capped.tokens), [7, 6, 7])
 
 
-def test_n_best_is_sorted_and_distinct(rng):
+def test_n_best_is_sorted_and_distinct_and_starts_with_the_best(rng):
     model = _model(30, seed=9)
-    result = beam_search(model, _sources(rng, [6, 4], 30), beam_size=4, return_all=True, max_extra_length=5)
+    sources = _sources(rng, [6, 4, 1], 30)
+    result = beam_search(model, sources, beam_size=4, num_hypotheses=4, max_extra_length=5)
     scores = np.asarray(result.scores)
-    assert scores.shape == (2, 4) and np.all(np.diff(scores, axis=1) <= 0)
-    for row in range(2):
+    assert scores.shape == (3, 4) and np.all(np.diff(scores, axis=1) <= 0)
+    for row in range(3):
         assert len({tuple(t) for t in np.asarray(result.tokens[row])}) == 4
+    best = beam_search(model, sources, beam_size=4, max_extra_length=5)
+    np.testing.assert_array_equal(result.tokens[:, 0], best.tokens)
+    np.testing.assert_allclose(result.scores[:, 0], best.scores, rtol=1e-6)
+    two = beam_search(model, sources, beam_size=4, num_hypotheses=2, max_extra_length=5)
+    np.testing.assert_array_equal(two.tokens, result.tokens[:, :2])
+    np.testing.assert_allclose(two.scores, result.scores[:, :2], rtol=1e-6)
+    with pytest.raises(ValueError, match="1 to beam_size \\(4\\) hypotheses a sentence; got num_hypotheses 5"):
+        beam_search(model, sources, beam_size=4, num_hypotheses=5)
 
 
 def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_size(rng):
@@ -348,6 +358,10 @@ def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_s
          beam_search(model, sources, beam_size=3, alpha=1.0, max_extra_length=4)),
         (DecodingSettings(beam_size=3, max_extra_length=4, stopping="first_k"),
          beam_search(model, sources, beam_size=3, max_extra_length=4, stopping="first_k")),
+        (DecodingSettings(beam_size=3, max_extra_length=4, num_hypotheses=2),
+         beam_search(model, sources, beam_size=3, max_extra_length=4, num_hypotheses=2)),
+        (DecodingSettings(beam_size=1, max_extra_length=4, num_hypotheses=1),  # greedy's output as a 1-best list
+         SearchResult(*(t[:, None] for t in greedy_search(model, sources, max_extra_length=4)))),
     ):  # fmt: skip
         result = decode(model, sources, settings)
         np.testing.assert_array_equal(result.tokens, expected.tokens)
@@ -357,6 +371,8 @@ def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_s
             DecodingSettings(**bad)
     with pytest.raises(ValueError, match="stopping is one of exact, first_k; got 'never'"):
         DecodingSettings(stopping="never")
+    with pytest.raises(ValueError, match="1 to beam_size \\(4\\) hypotheses a sentence; got num_hypotheses 5"):
+        DecodingSettings(num_hypotheses=5)
 
 
 def test_take_per_row_equals_numpys_take_along_axis(rng):

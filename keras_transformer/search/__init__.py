@@ -35,13 +35,18 @@ def decode(model, source_ids, settings=DecodingSettings(), execution=None, *, ma
             table's size).
 
     Returns:
-        A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
+        A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`, or with
+        `settings.num_hypotheses` n, `[batch, n, max_length]` and `[batch, n]`.
     """
     common = dict(alpha=settings.alpha, max_extra_length=settings.max_extra_length, max_length=max_length,
                   execution=execution)  # fmt: skip
-    if settings.beam_size == 1:
-        return greedy_search(model, source_ids, **common)
-    return beam_search(model, source_ids, beam_size=settings.beam_size, stopping=settings.stopping, **common)
+    if settings.beam_size > 1:
+        return beam_search(model, source_ids, beam_size=settings.beam_size, stopping=settings.stopping,
+                           num_hypotheses=settings.num_hypotheses, **common)  # fmt: skip
+    result = greedy_search(model, source_ids, **common)
+    if settings.num_hypotheses is None:
+        return result
+    return SearchResult(result.tokens[:, None], result.scores[:, None])  # its one output as a 1-best list
 
 
 __all__ = [

@@ -40,7 +40,7 @@ def beam_search(
     stopping=DecodingSettings.stopping,
     max_length=None,
     execution=None,
-    return_all=False,
+    num_hypotheses=None,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
 ):
@@ -50,7 +50,7 @@ def beam_search(
     the `beam_size` most likely extensions. Those that end (with the end-of-sentence id, or at
     the sentence's length limit) move to a separate set of finished hypotheses, ranked by
     `log P / lp`, and stop being alive. A sentence is done when no alive hypothesis can still
-    beat the finished one it returns (with `return_all`, the k-th): log-probabilities only fall
+    beat the last finished one it returns (the n-th of an n-best list): log-probabilities only fall
     as a hypothesis grows, so its best possible score is its log-probability over lp(length
     limit). With `stopping="first_k"` it is also done once k hypotheses have ended. With
     `beam_size=1` this is exactly greedy search.
@@ -65,12 +65,13 @@ def beam_search(
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
         execution: an `Execution` (default: `Execution.choose()`).
-        return_all: return all `beam_size` finished hypotheses per sentence, best first.
+        num_hypotheses: n, to return the n best finished hypotheses of each sentence, best first
+            (1 <= n <= beam_size); None for the best alone.
         bos_id, eos_id: the begin- and end-of-sentence ids.
 
     Returns:
         A `SearchResult`: tokens `[batch, max_length]` and scores `[batch]`, or with
-        `return_all` tokens `[batch, beam_size, max_length]` and scores `[batch, beam_size]`.
+        `num_hypotheses` tokens `[batch, n, max_length]` and scores `[batch, n]`.
     """
     DecodingSettings(beam_size, alpha, max_extra_length, stopping)  # checks them
     execution = execution or Execution.choose()
@@ -81,7 +82,9 @@ def beam_search(
     best_possible_penalty = length_penalty(length_limit, alpha)  # [batch]
     encoder_output, source_mask = model.encode(source_ids, training=False)
     per_row = min(k, model.config.vocab_size)  # a sentence's k best extensions are among these of each hypothesis
-    returned = k if return_all else 1  # finished hypotheses per sentence that must be final
+    returned = 1 if num_hypotheses is None else num_hypotheses  # finished hypotheses a sentence returns
+    if isinstance(returned, int) and not 1 <= returned <= k:
+        raise ValueError(f"beam_search returns 1 to beam_size ({k}) hypotheses a sentence; got num_hypotheses {returned}.")
 
     def step(state):
         index = state.index
@@ -142,9 +145,9 @@ def beam_search(
     )
     state = while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps)
     tokens = strip(state.finished[:, :, 1:], eos_id)
-    if return_all:
-        return SearchResult(tokens, state.finished_score)
-    return SearchResult(tokens[:, 0], state.finished_score[:, 0])
+    if num_hypotheses is None:
+        return SearchResult(tokens[:, 0], state.finished_score[:, 0])
+    return SearchResult(tokens[:, :returned], state.finished_score[:, :returned])
 
 
 def _best(sequences, scores, k):

@@ -24,12 +24,16 @@ class DecodingSettings:
             ended (or sooner, where "exact" holds), returning the best of them, as CTranslate2,
             fairseq and Hugging Face's `early_stopping=True` do: fewer steps, and it may miss a
             longer hypothesis that would have scored higher (bench/README.md measures both).
+        num_hypotheses: n, to get each sentence's n best outputs, best first (an n-best list:
+            tokens `[batch, n, length]`, scores `[batch, n]`; 1 <= n <= beam_size); None for
+            the best alone (`[batch, length]`, `[batch]`).
     """
 
     beam_size: int = 4
     alpha: float = 0.6
     max_extra_length: int = 50
     stopping: str = "exact"
+    num_hypotheses: int | None = None
 
     def __post_init__(self):
         if self.beam_size < 1 or self.max_extra_length < 0 or self.alpha < 0:
@@ -37,6 +41,9 @@ class DecodingSettings:
                 f"Decoding needs beam_size >= 1, alpha >= 0 and max_extra_length >= 0; got beam_size "
                 f"{self.beam_size}, alpha {self.alpha}, max_extra_length {self.max_extra_length}."
             )
+        if self.num_hypotheses is not None and not 1 <= self.num_hypotheses <= self.beam_size:
+            raise ValueError(f"Decoding returns 1 to beam_size ({self.beam_size}) hypotheses a sentence; got "
+                             f"num_hypotheses {self.num_hypotheses}.")  # fmt: skip
         if self.stopping not in STOPPING_RULES:
             raise ValueError(f"Decoding's stopping is one of {', '.join(STOPPING_RULES)}; got {self.stopping!r}.")
 
@@ -47,7 +54,7 @@ STOPPING_RULES = ("exact", "first_k")
 SearchResult = collections.namedtuple("SearchResult", ["tokens", "scores"])
 SearchResult.__doc__ = """Output of `decode`, `greedy_search` and `beam_search`.
 
-tokens: int32 `[batch, max_length]` (or `[batch, n, max_length]` for n-best), the output tokens
+tokens: int32 `[batch, max_length]` (or `[batch, n, max_length]` for an n-best list), the output tokens
     without begin- and end-of-sentence ids, padded with 0.
 scores: float32 `[batch]` (or `[batch, n]`), log P(Y | X) / lp(Y).
 """
