@@ -26,6 +26,8 @@ def main(argv=None):
     add_decoding_flags(parser)
     parser.add_argument("--max-extra-length", type=int, default=DecodingSettings.max_extra_length,
                         help="output tokens beyond the source length")  # fmt: skip
+    parser.add_argument("--alignment-layer", type=int, default=DecodingSettings.alignment_layer,
+                        help="the decoder layer whose attention the alignments signature returns (-1: the last)")
     parser.add_argument("--version", type=int, help="the version number (default: the highest there + 1)")
     parser.add_argument("--checkpoint", help="a checkpoint path (default: averaged, else latest)")
     parser.add_argument("--searches", type=int, default=PARALLEL_SEARCHES,
@@ -33,7 +35,7 @@ def main(argv=None):
                         "on separate cores (about one per core a request should use)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        settings = decoding_settings(args, max_extra_length=args.max_extra_length)
+        settings = decoding_settings(args, max_extra_length=args.max_extra_length, alignment_layer=args.alignment_layer)
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
                         searches=args.searches)  # fmt: skip
     except ValueError as error:

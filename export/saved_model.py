@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from export.serving import PARALLEL_SEARCHES, Translator
 from keras_transformer.search import DecodingSettings
+from keras_transformer.search.alignment import check_layer
 from training.run_folder import RunFolder
 
 
@@ -32,7 +33,7 @@ WARMUP_FILE = "tf_serving_warmup_requests"
 WARMUP_BATCH_SIZES = (1, 32)
 # Each signature's int32 inputs besides `text` in its warm-up requests, one value for every sentence
 # (export/serving.py).
-WARMUP_SIGNATURES = {"serving_default": {}, "n_best": {"n": 1}}
+WARMUP_SIGNATURES = {"serving_default": {}, "n_best": {"n": 1}, "alignments": {}}
 
 
 def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
@@ -80,6 +81,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         raise ValueError(f"{target} exists already: choose another --version.")
     run = RunFolder(run_dir)
     model, checkpoint = run.load_model(checkpoint)
+    check_layer(model, settings.alignment_layer)  # before the SavedModel's functions are traced
     tokenizer = run.load_tokenizer()
     run_settings, metrics = run.settings(), {}
     if tf.io.gfile.exists(run.metrics_path):
@@ -108,7 +110,8 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches)
         saved = os.path.join(staging, "model")
-        tf.saved_model.save(translator, saved, signatures={"serving_default": translator.translate, "n_best": translator.n_best})
+        signatures = {"serving_default": translator.translate, "n_best": translator.n_best, "alignments": translator.alignments}
+        tf.saved_model.save(translator, saved, signatures=signatures)
         write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length)
         os.rename(saved, target)  # atomic on one filesystem
     finally:

@@ -11,6 +11,15 @@ Each function is both a method of the loaded module and a signature of TF Servin
   many columns as the largest n (server-side batching may merge requests), the columns past a
   sentence's n holding "" and -1e9.
 
+- `alignments`, the `alignments` signature: input `text`; outputs `translation` and `score` as
+  `serving_default`'s, the pieces the model read and wrote, `source_pieces` (tf.string, [None,
+  None], the source's pieces and its end of sentence "</s>") and `target_pieces` (tf.string,
+  [None, None]), padded with "", their counts `source_length` and `target_length` (tf.int32,
+  [None]), and `attention` (tf.float32, [None, target, source]): for each target piece, the
+  encoder-decoder attention of the decoder layer `settings.alignment_layer`, averaged over its
+  heads (`keras_transformer.search.alignments`): a distribution over the source pieces, 0 on
+  padding.
+
 They use only ops of TensorFlow and tensorflow-text (which the stock TF Serving binary links),
 and no XLA.
 
@@ -29,8 +38,8 @@ import os
 
 import tensorflow as tf
 
-from keras_transformer.common import NEG_INF
-from keras_transformer.search import DecodingSettings, Execution, SearchResult, decode
+from keras_transformer.common import NEG_INF, PAD_ID
+from keras_transformer.search import DecodingSettings, Execution, SearchResult, alignments, decode
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 N_SPEC = tf.TensorSpec([None], tf.int32, name="n")
@@ -73,8 +82,25 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[TEXT_SPEC])
     def translate(self, text):
-        result = self._decode(text, self.settings)
+        result = self._search(self._source_ids(text), self.settings)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
+
+    @tf.function(input_signature=[TEXT_SPEC])
+    def alignments(self, text):
+        source_ids = self._source_ids(text)
+        result = self._search(source_ids, self.settings)
+        source_length, target_length = (tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=1)
+                                        for ids in (source_ids, result.tokens))  # fmt: skip
+        tokens = result.tokens[:, : tf.reduce_max(tf.concat([target_length, [0]], axis=0))]  # [batch, target]
+        return {
+            "translation": self.tokenizer.detokenize(tokens),
+            "score": result.scores,
+            "source_pieces": self.tokenizer.pieces(source_ids),
+            "source_length": source_length,
+            "target_pieces": self.tokenizer.pieces(tokens),
+            "target_length": target_length,
+            "attention": alignments(self.model, source_ids, tokens, self.settings.alignment_layer),
+        }
 
     @tf.function(input_signature=[TEXT_SPEC, N_SPEC])
     def n_best(self, text, n):
@@ -87,7 +113,7 @@ class Translator(tf.Module):
         ]
         with tf.control_dependencies(checks):
             # The beam's k best, all final; their first n are the n best.
-            result = self._decode(text, dataclasses.replace(self.settings, num_hypotheses=k))
+            result = self._search(self._source_ids(text), dataclasses.replace(self.settings, num_hypotheses=k))
         width = tf.reduce_max(tf.concat([n, [0]], axis=0))
         tokens, scores = result.tokens[:, :width], result.scores[:, :width]  # [batch, width, length], [batch, width]
         shape = tf.shape(tokens)
@@ -95,11 +121,13 @@ class Translator(tf.Module):
         asked = tf.range(width)[None] < n[:, None]  # [batch, width]
         return {"translations": tf.where(asked, translations, ""), "scores": tf.where(asked, scores, NEG_INF)}
 
-    def _decode(self, text, settings):
+    def _source_ids(self, text):
         # TF Serving feeds any shape it is sent; Python callers are checked against TEXT_SPEC.
         text = tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings")
         text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
-        source_ids = self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
+        return self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
+
+    def _search(self, source_ids, settings):
         return in_parallel(lambda ids: decode(self.model, ids, settings, SERVED_EXECUTION), source_ids, self.searches)
 
 

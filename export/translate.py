@@ -4,7 +4,9 @@ EXPORT_DIR is a version folder, or a base path whose highest version is used. Se
 from the arguments, from --input-file (one per line), or from standard input. Each translation
 is printed on a line of its own; with --n-best N, each sentence's N best translations (the
 `n_best` signature), a line each: the sentence's number (from 1), the rank, the score and the
-translation, tab-separated.
+translation, tab-separated; with --alignments, each translation then a tab and its alignment
+(the `alignments` signature) as source-target pairs of SentencePiece piece indices, from 0,
+"i-j" for each target piece j and the source piece i it attended to most.
 """
 
 import argparse
@@ -41,6 +43,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--scores", action="store_true", help="print each score before its translation")
     parser.add_argument("--n-best", type=int, help="print each sentence's N best translations, with their scores")
+    parser.add_argument("--alignments", action="store_true", help="print each translation's alignment to its source pieces")
     args = parser.parse_args(argv)
     use_serving_threads()
     try:
@@ -48,9 +51,10 @@ def main(argv=None):
         translator = tf.saved_model.load(export_dir)
     except ValueError as error:
         sys.exit(f"error: {error}")
+    for flag, signature in (("n_best", "n_best"), ("alignments", "alignments")):
+        if getattr(args, flag) and not hasattr(translator, signature):
+            sys.exit(f"error: {export_dir} has no {signature} signature (an export of an earlier version): export it again.")
     if args.n_best is not None:
-        if not hasattr(translator, "n_best"):
-            sys.exit(f"error: {export_dir} has no n_best signature (an export of an earlier version): export it again.")
         with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
             beam_size = json.load(f)["beam_size"]
         if not 1 <= args.n_best <= beam_size:
@@ -67,6 +71,15 @@ def main(argv=None):
             for row, (translations, scores) in enumerate(zip(result["translations"].numpy(), result["scores"].numpy())):
                 for rank, (translation, score) in enumerate(zip(translations, scores), 1):
                     print(f"{start + row + 1}\t{rank}\t{score:.4f}\t{translation.decode('utf-8')}", flush=True)
+            continue
+        if args.alignments:
+            result = translator.alignments(batch)
+            for translation, attention, source_length, target_length in zip(
+                *(result[key].numpy() for key in ("translation", "attention", "source_length", "target_length"))
+            ):
+                sources = attention[:target_length, :source_length].argmax(axis=-1)
+                pairs = " ".join(f"{i}-{j}" for j, i in enumerate(sources))
+                print(f"{translation.decode('utf-8')}\t{pairs}", flush=True)
             continue
         result = translator.translate(batch)
         for translation, score in zip(result["translation"].numpy(), result["score"].numpy()):

@@ -203,10 +203,11 @@ def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported)
         result = loaded.signatures[name](**inputs)
         text = inputs["text"].numpy()
         assert all(len(t) > 0 for t in text)
-        assert result["translation" if name == "serving_default" else "translations"].shape[0] == len(text)
+        assert result["translations" if name == "n_best" else "translation"].shape[0] == len(text)
         requests.append((name, sorted(inputs), len(text)))
     assert requests == [("serving_default", ["text"], 1), ("serving_default", ["text"], 32),
-                        ("n_best", ["n", "text"], 1), ("n_best", ["n", "text"], 32)]  # fmt: skip
+                        ("n_best", ["n", "text"], 1), ("n_best", ["n", "text"], 32),
+                        ("alignments", ["text"], 1), ("alignments", ["text"], 32)]  # fmt: skip
 
 
 def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyond_the_beam(exported):
@@ -243,6 +244,36 @@ def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyo
     np.testing.assert_array_equal(one["translations"][:, 0], greedy.translate(tf.constant(SENTENCES))["translation"])
     with pytest.raises(tf.errors.InvalidArgumentError, match="n must be 1 to the beam size, 1"):
         greedy.n_best(tf.constant(SENTENCES), tf.constant([1, 2, 1]))
+
+
+def test_alignments_are_the_models_attention_for_the_translation_it_serves(exported, run_dir):
+    from keras_transformer.search import alignments
+
+    loaded = tf.saved_model.load(exported[4])
+    signature = loaded.signatures["alignments"]
+    outputs = {key: (spec.dtype, spec.shape.as_list()) for key, spec in signature.structured_outputs.items()}
+    assert outputs == {"translation": (tf.string, [None]), "score": (tf.float32, [None]),
+                       "source_pieces": (tf.string, [None, None]), "source_length": (tf.int32, [None]),
+                       "target_pieces": (tf.string, [None, None]), "target_length": (tf.int32, [None]),
+                       "attention": (tf.float32, [None, None, None])}  # fmt: skip
+    result = {key: value.numpy() for key, value in signature(text=tf.constant(SENTENCES)).items()}
+    best = loaded.translate(tf.constant(SENTENCES))
+    np.testing.assert_array_equal(result["translation"], best["translation"])
+    np.testing.assert_allclose(result["score"], best["score"], rtol=1e-5)
+    run = RunFolder(run_dir)
+    tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
+    source_ids = tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor().numpy()
+    np.testing.assert_array_equal(result["source_length"], np.sum(source_ids != 0, axis=1))
+    target_ids = tokenizer.sentencepiece.string_to_id(tf.constant(result["target_pieces"])).numpy()
+    target_ids[result["target_pieces"] == b""] = 0
+    assert b"".join(result["source_pieces"][0]).decode().replace("\u2581", " ").strip() == SENTENCES[0] + "</s>"
+    expected = np.asarray(alignments(model, source_ids, target_ids))  # the last layer's, as exported
+    np.testing.assert_allclose(result["attention"], expected, atol=1e-5)
+    for row, (source_length, target_length) in enumerate(zip(result["source_length"], result["target_length"])):
+        attention = result["attention"][row]
+        np.testing.assert_allclose(attention[:target_length, :source_length].sum(axis=-1), 1.0, atol=1e-5)
+        assert not np.any(attention[target_length:]) and not np.any(attention[:, source_length:])
+        assert set(result["source_pieces"][row, source_length:]) <= {b""} and b"" not in result["target_pieces"][row, :target_length]
 
 
 def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming_text(exported):
@@ -328,6 +359,13 @@ def test_translate_command_line(exported, tmp_path):
     expected = four.n_best(tf.constant(SENTENCES[:2]), tf.constant([3, 3]))
     assert [text for *_, text in lines] == [t.decode() for t in expected["translations"].numpy().ravel()]
     np.testing.assert_allclose([float(score) for _, _, score, _ in lines], expected["scores"].numpy().ravel(), atol=1e-4)
+    aligned = subprocess.run([sys.executable, "-m", "export.translate", exported[4], *SENTENCES, "--alignments"],
+                             check=True, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    result = four.alignments(tf.constant(SENTENCES))
+    assert [line.split("\t")[0] for line in aligned] == [t.decode() for t in result["translation"].numpy()]
+    for line, source_length, target_length in zip(aligned, result["source_length"].numpy(), result["target_length"].numpy()):
+        pairs = [tuple(map(int, pair.split("-"))) for pair in line.split("\t")[1].split()]
+        assert [j for _, j in pairs] == list(range(target_length)) and all(0 <= i < source_length for i, _ in pairs)
     too_many = subprocess.run(n_best[:-1] + ["9"], cwd=ROOT, capture_output=True, text=True)
     assert too_many.returncode == 1 and f"error: --n-best 9: {exported[4]} searches with a beam of 4, so 1 to 4." in too_many.stderr
 
@@ -344,6 +382,8 @@ def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recor
     assert clash.returncode == 1 and f"error: {base}/4 exists already: choose another --version." in clash.stderr
     bad = subprocess.run(export_command + ["--beam-size", "0"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 1 and "beam_size >= 1" in bad.stderr
+    bad = subprocess.run(export_command + ["--alignment-layer", "7"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 1 and "error: alignment_layer 7: the decoder has 2 layers (-2 to 1)." in bad.stderr
     bad = subprocess.run(export_command + ["--searches", "0"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 1 and "error: --searches must be at least 1; got 0." in bad.stderr
 

@@ -439,3 +439,26 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, tmp_path):
         np.testing.assert_array_equal(jax_tokens, tokens, err_msg=f"beam {beam}")
         np.testing.assert_allclose(jax_scores, scores, rtol=1e-4, atol=1e-5, err_msg=f"beam {beam}")
     assert len(set(_nonzero_lengths(tokens))) > 2  # outputs of several lengths
+
+
+def test_alignments_are_the_models_attention_over_the_real_source_for_each_output_piece(reversal_model):
+    from keras_transformer.search import DecodingSettings, alignments, decode
+
+    model, _, sources, _ = reversal_model
+    _reversal_is_learned(model, sources)
+    tokens = np.asarray(decode(model, sources, DecodingSettings(max_extra_length=4)).tokens)
+    out_lengths, source_lengths = _nonzero_lengths(tokens), _nonzero_lengths(sources)
+    assert len(set(out_lengths)) > 1 and len(set(source_lengths)) > 1
+    for layer in (0, -1):
+        attention = np.asarray(alignments(model, sources, tokens, layer))
+        assert attention.shape == (len(sources), tokens.shape[1], sources.shape[1])
+        for row in range(0, len(sources), 5):
+            out, source = tokens[row, : out_lengths[row]], sources[row, : source_lengths[row]]
+            np.testing.assert_allclose(attention[row, : len(out)].sum(axis=-1), 1.0, atol=1e-5)
+            assert not np.any(attention[row, len(out) :]) and not np.any(attention[row, :, len(source) :])
+            # The sentence alone, unpadded: what the decoder layer read while producing each piece.
+            inputs = np.array([[BOS_ID, *out[:-1]]], "int32")
+            alone = np.asarray(model.cross_attention_weights(source[None], inputs)[layer])[0].mean(axis=0)
+            np.testing.assert_allclose(attention[row, : len(out), : len(source)], alone, atol=1e-5)
+    with pytest.raises(ValueError, match="alignment_layer 2: the decoder has 2 layers"):
+        alignments(model, sources, tokens, layer=2)

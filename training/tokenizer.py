@@ -85,6 +85,10 @@ class Tokenizer(tf.Module):
             return tf.concat([ids, tf.fill([ids.nrows(), 1], EOS_ID)], axis=1)
         return tf.concat([ids, [EOS_ID]], axis=0)
 
+    def pieces(self, ids):
+        """Int ids (any shape) -> their SentencePiece pieces as strings, "" for padding (0)."""
+        return tf.where(ids == PAD_ID, "", self.sentencepiece.id_to_string(ids))
+
     def detokenize(self, ids):
         """Int ids `[batch, length]` padded with 0 (or ragged) -> strings `[batch]`."""
         if not isinstance(ids, tf.RaggedTensor):

@@ -10,9 +10,11 @@ cache's layout, dropping finished sentences, the top-k kernel) is an `Execution`
 
 One idea per module: `settings` (what is asked), `execution` (how it runs), `interface` (what a
 model provides), `greedy` and `beam` (the two searches), `loop` (the while loop), `top_k` (the
-best tokens of a step), `outputs` (length limits, writing and cutting sequences).
+best tokens of a step), `outputs` (length limits, writing and cutting sequences), `alignment`
+(the attention an output paid to its source).
 """
 
+from keras_transformer.search.alignment import alignments
 from keras_transformer.search.beam import BeamState, beam_search
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import GreedyState, greedy_search
@@ -57,6 +59,7 @@ __all__ = [
     "GreedyState",
     "STOPPING_RULES",
     "SearchResult",
+    "alignments",
     "beam_search",
     "decode",
     "greedy_search",

@@ -27,6 +27,8 @@ class DecodingSettings:
         num_hypotheses: n, to get each sentence's n best outputs, best first (an n-best list:
             tokens `[batch, n, length]`, scores `[batch, n]`; 1 <= n <= beam_size); None for
             the best alone (`[batch, length]`, `[batch]`).
+        alignment_layer: the decoder layer whose encoder-decoder attention `alignments` returns
+            (a Python index: -1, the default, is the last).
     """
 
     beam_size: int = 4
@@ -34,6 +36,7 @@ class DecodingSettings:
     max_extra_length: int = 50
     stopping: str = "exact"
     num_hypotheses: int | None = None
+    alignment_layer: int = -1
 
     def __post_init__(self):
         if self.beam_size < 1 or self.max_extra_length < 0 or self.alpha < 0:
