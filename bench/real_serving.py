@@ -170,7 +170,7 @@ def compare(exports, ctranslate2_dir, sentences, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", help="a run folder of training.train")
-    parser.add_argument("--smoke", action="store_true", help="a 2-step tiny run, a few sentences, one round")
+    parser.add_argument("--smoke", action="store_true", help="a 2-step tiny run, a few sentences, one round, one search")
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--stopping", default="exact,first_k", help="beam search's stopping rules measured")
     parser.add_argument("--batch-sizes", default="32,1")
@@ -194,6 +194,7 @@ def main():
             from bench.serving import train_smoke_run
 
             args.run_dir, args.limit, args.rounds, args.max_extra_length = train_smoke_run(scratch), 8, 1, 4
+            args.beam_sizes, args.stopping, args.batch_sizes = [4], ["first_k"], [4]
         elif not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
         compare(*prepare(args.run_dir, scratch, args), args)

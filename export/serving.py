@@ -43,6 +43,7 @@ from keras_transformer.search import DecodingSettings, Execution, SearchResult, 
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 N_SPEC = tf.TensorSpec([None], tf.int32, name="n")
+SOURCE_IDS_SPEC = tf.TensorSpec([None, None], tf.int32)
 PARALLEL_SEARCHES = 2
 # The served graph: TensorFlow without XLA (as the stock TF Serving binary runs it), on CPUs.
 SERVED_EXECUTION = Execution.choose(compiled=False, platform="cpu")
@@ -79,6 +80,7 @@ class Translator(tf.Module):
         self.settings = settings
         self.searches = searches
         self.assets = [tf.saved_model.Asset(path) for path in assets]
+        object.__setattr__(self, "_search_functions", {})  # untracked: the signatures' graphs hold them
 
     @tf.function(input_signature=[TEXT_SPEC])
     def translate(self, text):
@@ -128,7 +130,11 @@ class Translator(tf.Module):
         return self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
 
     def _search(self, source_ids, settings):
-        return in_parallel(lambda ids: decode(self.model, ids, settings, SERVED_EXECUTION), source_ids, self.searches)
+        # One function per settings, so that the signatures that search alike share its graph.
+        if settings not in self._search_functions:
+            search = lambda ids: decode(self.model, ids, settings, SERVED_EXECUTION)  # noqa: E731
+            self._search_functions[settings] = tf.function(search, input_signature=[SOURCE_IDS_SPEC])
+        return in_parallel(self._search_functions[settings], source_ids, self.searches)
 
 
 def in_parallel(search, source_ids, searches):
@@ -145,7 +151,7 @@ def in_parallel(search, source_ids, searches):
         return search(source_ids)
     if source_ids.shape[0] is None:  # a served graph (XLA's know their batch)
         # One function, called once per slice: the graph (and a SavedModel) holds the search once.
-        search = tf.function(search, input_signature=[tf.TensorSpec([None, None], "int32")])
+        search = tf.function(search, input_signature=[SOURCE_IDS_SPEC])
     batch = source_ids.shape[0] if source_ids.shape[0] is not None else tf.shape(source_ids)[0]
     cuts = [batch * i // searches for i in range(searches + 1)]
     results = [search(source_ids[start:end]) for start, end in zip(cuts, cuts[1:])]

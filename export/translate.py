@@ -48,17 +48,17 @@ def main(argv=None):
     use_serving_threads()
     try:
         export_dir = resolve(args.export_dir)
-        translator = tf.saved_model.load(export_dir)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    for flag, signature in (("n_best", "n_best"), ("alignments", "alignments")):
-        if getattr(args, flag) and not hasattr(translator, signature):
-            sys.exit(f"error: {export_dir} has no {signature} signature (an export of an earlier version): export it again.")
     if args.n_best is not None:
         with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
             beam_size = json.load(f)["beam_size"]
         if not 1 <= args.n_best <= beam_size:
             sys.exit(f"error: --n-best {args.n_best}: {export_dir} searches with a beam of {beam_size}, so 1 to {beam_size}.")
+    translator = tf.saved_model.load(export_dir)
+    for flag, signature in (("n_best", "n_best"), ("alignments", "alignments")):
+        if getattr(args, flag) and not hasattr(translator, signature):
+            sys.exit(f"error: {export_dir} has no {signature} signature (an export of an earlier version): export it again.")
     if args.input_file:
         with open(args.input_file, encoding="utf-8", errors="replace") as f:
             sentences = f.read().splitlines()

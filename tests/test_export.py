@@ -382,8 +382,8 @@ def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recor
     assert clash.returncode == 1 and f"error: {base}/4 exists already: choose another --version." in clash.stderr
     bad = subprocess.run(export_command + ["--beam-size", "0"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 1 and "beam_size >= 1" in bad.stderr
-    bad = subprocess.run(export_command + ["--alignment-layer", "7"], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 1 and "error: alignment_layer 7: the decoder has 2 layers (-2 to 1)." in bad.stderr
+    with pytest.raises(ValueError, match=r"alignment_layer 7: the decoder has 2 layers \(-2 to 1\)"):
+        export(run_dir, base, DecodingSettings(alignment_layer=7))  # as --alignment-layer 7
     bad = subprocess.run(export_command + ["--searches", "0"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 1 and "error: --searches must be at least 1; got 0." in bad.stderr
 
