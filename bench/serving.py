@@ -37,10 +37,17 @@ SMOKE_TRAINING = ["--steps", "2", "--steps-per-call", "1", "--checkpoint-every",
                   "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--no-evaluate"]  # fmt: skip
 
 
+# A finished smoke run to reuse, which the smoke modes only read (tests/test_bench.py trains one for all).
+SMOKE_RUN_VARIABLE = "KERAS_TRANSFORMER_SMOKE_RUN"
+
+
 def train_smoke_run(scratch):
-    """A 2-step tiny run in `scratch`, for the smoke modes; returns its folder."""
+    """A 2-step tiny run for the smoke modes; returns its folder: the one $KERAS_TRANSFORMER_SMOKE_RUN
+    names, else one trained in `scratch`."""
     from training import train
 
+    if os.environ.get(SMOKE_RUN_VARIABLE):
+        return os.environ[SMOKE_RUN_VARIABLE]
     run_dir = os.path.join(scratch, "run")
     train.train(train.parse_args(["--run-dir", run_dir, *SMOKE_TRAINING]))
     return run_dir

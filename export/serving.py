@@ -10,7 +10,6 @@ Each function is both a method of the loaded module and a signature of TF Servin
   and `scores` (tf.float32, [None, None]), each sentence's n best translations, best first, as
   many columns as the largest n (server-side batching may merge requests), the columns past a
   sentence's n holding "" and -1e9.
-
 - `alignments`, the `alignments` signature: input `text`; outputs `translation` and `score` as
   `serving_default`'s, the pieces the model read and wrote, `source_pieces` (tf.string, [None,
   None], the source's pieces and its end of sentence "</s>") and `target_pieces` (tf.string,

@@ -1,6 +1,7 @@
 """Each benchmark runs in its seconds-long smoke mode and prints well-formed JSON lines."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,14 +26,26 @@ REQUIRED = {
 }
 
 
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The smoke modes' 2-step run, trained once for all of them (bench.serving.train_smoke_run)."""
+    scratch = str(tmp_path_factory.mktemp("smoke"))
+    script = "import sys; from bench.serving import train_smoke_run; print(train_smoke_run(sys.argv[1]))"
+    output = subprocess.run([sys.executable, "-c", script, scratch], check=True, capture_output=True, text=True, timeout=600)
+    return output.stdout.splitlines()[-1]
+
+
 # Each runs its whole benchmark (several processes; some train for a few steps): marked slow.
 @pytest.mark.slow
 @pytest.mark.parametrize("module", sorted(REQUIRED))
-def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path):
+def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, smoke_run):
+    from bench.serving import SMOKE_RUN_VARIABLE
+
     kept = ["--run-dir", str(tmp_path / "run")] if module == "bench.multi30k" else []
     output = subprocess.run(
-        [sys.executable, "-m", module, "--smoke", *kept], check=True, capture_output=True, text=True, timeout=600
-    ).stdout
+        [sys.executable, "-m", module, "--smoke", *kept], check=True, capture_output=True, text=True, timeout=600,
+        env={**os.environ, SMOKE_RUN_VARIABLE: smoke_run},
+    ).stdout  # fmt: skip
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert records, output
     for record in records:

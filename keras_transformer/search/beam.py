@@ -73,7 +73,7 @@ def beam_search(
         A `SearchResult`: tokens `[batch, max_length]` and scores `[batch]`, or with
         `num_hypotheses` tokens `[batch, n, max_length]` and scores `[batch, n]`.
     """
-    DecodingSettings(beam_size, alpha, max_extra_length, stopping)  # checks them
+    DecodingSettings(beam_size, alpha, max_extra_length, stopping, num_hypotheses)  # checks them
     execution = execution or Execution.choose()
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     k = beam_size
@@ -82,9 +82,7 @@ def beam_search(
     best_possible_penalty = length_penalty(length_limit, alpha)  # [batch]
     encoder_output, source_mask = model.encode(source_ids, training=False)
     per_row = min(k, model.config.vocab_size)  # a sentence's k best extensions are among these of each hypothesis
-    returned = 1 if num_hypotheses is None else num_hypotheses  # finished hypotheses a sentence returns
-    if isinstance(returned, int) and not 1 <= returned <= k:
-        raise ValueError(f"beam_search returns 1 to beam_size ({k}) hypotheses a sentence; got num_hypotheses {returned}.")
+    returned = num_hypotheses or 1  # finished hypotheses a sentence returns
 
     def step(state):
         index = state.index

@@ -7,6 +7,9 @@ import dataclasses
 from keras import ops
 
 
+STOPPING_RULES = ("exact", "first_k")  # DecodingSettings.stopping
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodingSettings:
     """How to decode: the paper's beam search by default (`hyperparameters.md`): beam 4, length
@@ -49,9 +52,6 @@ class DecodingSettings:
                              f"num_hypotheses {self.num_hypotheses}.")  # fmt: skip
         if self.stopping not in STOPPING_RULES:
             raise ValueError(f"Decoding's stopping is one of {', '.join(STOPPING_RULES)}; got {self.stopping!r}.")
-
-
-STOPPING_RULES = ("exact", "first_k")
 
 
 SearchResult = collections.namedtuple("SearchResult", ["tokens", "scores"])
