@@ -42,8 +42,9 @@ def main(argv=None):
     parser.add_argument("--input-file", help="one sentence per line")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--scores", action="store_true", help="print each score before its translation")
-    parser.add_argument("--n-best", type=int, help="print each sentence's N best translations, with their scores")
-    parser.add_argument("--alignments", action="store_true", help="print each translation's alignment to its source pieces")
+    other = parser.add_mutually_exclusive_group()
+    other.add_argument("--n-best", type=int, help="print each sentence's N best translations, with their scores")
+    other.add_argument("--alignments", action="store_true", help="print each translation's alignment to its source pieces")
     args = parser.parse_args(argv)
     use_serving_threads()
     try:
@@ -56,8 +57,8 @@ def main(argv=None):
         if not 1 <= args.n_best <= beam_size:
             sys.exit(f"error: --n-best {args.n_best}: {export_dir} searches with a beam of {beam_size}, so 1 to {beam_size}.")
     translator = tf.saved_model.load(export_dir)
-    for flag, signature in (("n_best", "n_best"), ("alignments", "alignments")):
-        if getattr(args, flag) and not hasattr(translator, signature):
+    for signature in ("n_best", "alignments"):  # as the flags are named
+        if getattr(args, signature) and not hasattr(translator, signature):
             sys.exit(f"error: {export_dir} has no {signature} signature (an export of an earlier version): export it again.")
     if args.input_file:
         with open(args.input_file, encoding="utf-8", errors="replace") as f:
