@@ -31,9 +31,16 @@ from training.run_folder import RunFolder
 # that the first user request does not pay the graph's set-up.
 WARMUP_FILE = "tf_serving_warmup_requests"
 WARMUP_BATCH_SIZES = (1, 32)
-# Each signature's int32 inputs besides `text` in its warm-up requests, one value for every sentence
+# Each signature's inputs besides `text` in its warm-up requests, one value for every sentence
 # (export/serving.py).
-WARMUP_SIGNATURES = {"serving_default": {}, "n_best": {"n": 1}, "alignments": {}}
+WARMUP_SIGNATURES = {
+    "serving_default": {},
+    "n_best": {"n": np.int32(1)},
+    "alignments": {},
+    "prefix": {"prefix": b""},
+    "sample": {"samples": np.int32(1), "temperature": np.float32(1), "top_k": np.int32(0), "top_p": np.float32(1),
+               "seed": np.int32(0)},
+}
 
 
 def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
@@ -53,7 +60,7 @@ def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
                 request.model_spec.signature_name = signature
                 request.inputs["text"].CopyFrom(tf.make_tensor_proto(tokenizer.detokenize(ids).numpy(), dtype=tf.string))
                 for name, value in inputs.items():  # the same value for each sentence
-                    request.inputs[name].CopyFrom(tf.make_tensor_proto(np.full(batch, value, np.int32)))
+                    request.inputs[name].CopyFrom(tf.make_tensor_proto(np.full(batch, value)))
                 log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
                 writer.write(log.SerializeToString())
 
@@ -110,7 +117,8 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches)
         saved = os.path.join(staging, "model")
-        signatures = {"serving_default": translator.translate, "n_best": translator.n_best, "alignments": translator.alignments}
+        signatures = {"serving_default": translator.translate, "n_best": translator.n_best,
+                      "alignments": translator.alignments, "prefix": translator.prefix, "sample": translator.sample}  # fmt: skip
         tf.saved_model.save(translator, saved, signatures=signatures)
         write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length)
         os.rename(saved, target)  # atomic on one filesystem

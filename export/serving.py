@@ -18,6 +18,19 @@ Each function is both a method of the loaded module and a signature of TF Servin
   encoder-decoder attention of the decoder layer `settings.alignment_layer`, averaged over its
   heads (`keras_transformer.search.alignments`): a distribution over the source pieces, 0 on
   padding.
+- `prefix`, the `prefix` signature: inputs `text` and `prefix` (tf.string, [None]: for each
+  sentence, the start its translation must have; "" for none); outputs `translation` and `score`
+  as `serving_default`'s, the translation starting with the prefix's pieces (the prefix is cut
+  into pieces on its own), the score counting them as the model's log-probabilities. A prefix
+  of more pieces than the sentence's translation may have (its source's pieces +
+  `max_extra_length`) is refused.
+- `sample`, the `sample` signature: inputs `text`, and for each sentence (each [None]): `samples`
+  (tf.int32, 1 to `MAX_SAMPLES`, the translations to draw), `temperature` (tf.float32, > 0),
+  `top_k` (tf.int32, >= 0, 0 for every token), `top_p` (tf.float32, in (0, 1]) and `seed`
+  (tf.int32; a sentence's samples are a function of its seed and options:
+  `keras_transformer.search.sample_search`); outputs `translations` (tf.string, [None, None])
+  and `scores` (tf.float32, [None, None], the model's length-penalised log-probability of each),
+  as many columns as the largest `samples`, padded with "" and -1e9 as `n_best`'s.
 
 They use only ops of TensorFlow and tensorflow-text (which the stock TF Serving binary links),
 and no XLA.
@@ -38,11 +51,18 @@ import os
 import tensorflow as tf
 
 from keras_transformer.common import NEG_INF, PAD_ID
-from keras_transformer.search import DecodingSettings, Execution, SearchResult, alignments, decode
+from keras_transformer.search import DecodingSettings, Execution, SearchResult, alignments, decode, sample_search
+from keras_transformer.search.outputs import length_limits
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 N_SPEC = tf.TensorSpec([None], tf.int32, name="n")
-SOURCE_IDS_SPEC = tf.TensorSpec([None, None], tf.int32)
+PREFIX_SPEC = tf.TensorSpec([None], tf.string, name="prefix")
+SAMPLE_SPECS = [tf.TensorSpec([None], tf.int32, name="samples"), tf.TensorSpec([None], tf.float32, name="temperature"),
+                tf.TensorSpec([None], tf.int32, name="top_k"), tf.TensorSpec([None], tf.float32, name="top_p"),
+                tf.TensorSpec([None], tf.int32, name="seed")]  # fmt: skip
+IDS_SPEC = tf.TensorSpec([None, None], tf.int32)
+# Samples a request may ask for each sentence: each is a search of its own, and memory grows with them.
+MAX_SAMPLES = 100
 PARALLEL_SEARCHES = 2
 # The served graph: TensorFlow without XLA (as the stock TF Serving binary runs it), on CPUs.
 SERVED_EXECUTION = Execution.choose(compiled=False, platform="cpu")
@@ -83,13 +103,13 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[TEXT_SPEC])
     def translate(self, text):
-        result = self._search(self._source_ids(text), self.settings)
+        result = self._search(self.settings, self._source_ids(text))
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
     @tf.function(input_signature=[TEXT_SPEC])
     def alignments(self, text):
         source_ids = self._source_ids(text)
-        result = self._search(source_ids, self.settings)
+        result = self._search(self.settings, source_ids)
         source_length, target_length = (tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=1)
                                         for ids in (source_ids, result.tokens))  # fmt: skip
         tokens = result.tokens[:, : tf.reduce_max(tf.concat([target_length, [0]], axis=0))]  # [batch, target]
@@ -106,15 +126,48 @@ class Translator(tf.Module):
     @tf.function(input_signature=[TEXT_SPEC, N_SPEC])
     def n_best(self, text, n):
         k = self.settings.beam_size
-        n = tf.ensure_shape(n, N_SPEC.shape, name="n_must_be_a_vector_of_int32")
+        n = _per_sentence(n, N_SPEC, text)
         checks = [
-            tf.debugging.assert_equal(tf.size(n), tf.size(text), message="n must hold one value per sentence of text"),
             tf.debugging.assert_greater_equal(n, 1, message=f"n must be 1 to the beam size, {k}"),
             tf.debugging.assert_less_equal(n, k, message=f"n must be 1 to the beam size, {k}"),
         ]
         with tf.control_dependencies(checks):
             # The beam's k best, all final; their first n are the n best.
-            result = self._search(self._source_ids(text), dataclasses.replace(self.settings, num_hypotheses=k))
+            result = self._search(dataclasses.replace(self.settings, num_hypotheses=k), self._source_ids(text))
+        return self._lists(result, n)
+
+    @tf.function(input_signature=[TEXT_SPEC, PREFIX_SPEC])
+    def prefix(self, text, prefix):
+        source_ids = self._source_ids(text)
+        prefix_ids = self.tokenizer.tokenize(_clean(_per_sentence(prefix, PREFIX_SPEC, text))).to_tensor()  # [batch, p]
+        limit, _ = length_limits(self.model, source_ids, self.settings.max_extra_length, None)  # [batch]
+        pieces = tf.reduce_sum(tf.cast(prefix_ids != PAD_ID, tf.int32), axis=1)
+        message = (f"prefix has more pieces than a translation of its sentence may have (the pieces of the source + "
+                   f"max_extra_length, {self.settings.max_extra_length})")  # fmt: skip
+        with tf.control_dependencies([tf.debugging.assert_less_equal(pieces, limit, message=message)]):
+            result = self._search(self.settings, source_ids, prefix_ids)
+        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
+
+    @tf.function(input_signature=[TEXT_SPEC, *SAMPLE_SPECS])
+    def sample(self, text, samples, temperature, top_k, top_p, seed):
+        samples, temperature, top_k, top_p, seed = (_per_sentence(value, spec, text) for value, spec
+                                                    in zip((samples, temperature, top_k, top_p, seed), SAMPLE_SPECS))  # fmt: skip
+        checks = [
+            tf.debugging.assert_greater_equal(samples, 1, message=f"samples must be 1 to {MAX_SAMPLES}"),
+            tf.debugging.assert_less_equal(samples, MAX_SAMPLES, message=f"samples must be 1 to {MAX_SAMPLES}"),
+            tf.debugging.assert_positive(temperature, message="temperature must be > 0"),
+            tf.debugging.assert_non_negative(top_k, message="top_k must be >= 0 (0: every token)"),
+            tf.debugging.assert_positive(top_p, message="top_p must be in (0, 1]"),
+            tf.debugging.assert_less_equal(top_p, 1.0, message="top_p must be in (0, 1]"),
+        ]
+        with tf.control_dependencies(checks):
+            width = tf.reduce_max(tf.concat([samples, [0]], axis=0))
+            result = self._sample(self._source_ids(text), seed, temperature, top_k, top_p, width)
+        return self._lists(result, samples)
+
+    def _lists(self, result, n):
+        """A `SearchResult` of `[batch, width, length]` outputs -> each sentence's first `n`
+        (int32 `[batch]`) as text, padded with "" and their scores with NEG_INF."""
         width = tf.reduce_max(tf.concat([n, [0]], axis=0))
         tokens, scores = result.tokens[:, :width], result.scores[:, :width]  # [batch, width, length], [batch, width]
         shape = tf.shape(tokens)
@@ -123,22 +176,55 @@ class Translator(tf.Module):
         return {"translations": tf.where(asked, translations, ""), "scores": tf.where(asked, scores, NEG_INF)}
 
     def _source_ids(self, text):
-        # TF Serving feeds any shape it is sent; Python callers are checked against TEXT_SPEC.
         text = tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings")
-        text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
-        return self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
+        return self.tokenizer.encode_source(_clean(text), self.model.config.max_length).to_tensor()
 
-    def _search(self, source_ids, settings):
-        # One function per settings, so that the signatures that search alike share its graph.
-        if settings not in self._search_functions:
-            search = lambda ids: decode(self.model, ids, settings, SERVED_EXECUTION)  # noqa: E731
-            self._search_functions[settings] = tf.function(search, input_signature=[SOURCE_IDS_SPEC])
-        return in_parallel(self._search_functions[settings], source_ids, self.searches)
+    def _search(self, settings, source_ids, target_prefix=None):
+        def search(ids, prefix=None):
+            return decode(self.model, ids, settings, SERVED_EXECUTION, target_prefix=prefix)
+
+        prefixed = target_prefix is not None
+        inputs = (source_ids, target_prefix) if prefixed else (source_ids,)
+        return in_parallel(self._function((settings, prefixed), search, [IDS_SPEC] * len(inputs)), inputs, self.searches)
+
+    def _sample(self, source_ids, seed, temperature, top_k, top_p, samples):
+        def sample(ids, seed, temperature, top_k, top_p, samples):
+            return sample_search(self.model, ids, seed, num_samples=samples, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, alpha=self.settings.alpha, max_extra_length=self.settings.max_extra_length,
+                                 execution=SERVED_EXECUTION)  # fmt: skip
+
+        specs = [IDS_SPEC, *(tf.TensorSpec([None], value.dtype) for value in (seed, temperature, top_k, top_p)),
+                 tf.TensorSpec([], tf.int32)]  # fmt: skip
+        return in_parallel(self._function("sample", sample, specs), (source_ids, seed, temperature, top_k, top_p), self.searches, (samples,))
+
+    def _function(self, key, search, specs):
+        """One tf.function per kind of search, so that the signatures that search alike share its
+        graph, and a SavedModel holds it once."""
+        if key not in self._search_functions:
+            self._search_functions[key] = tf.function(search, input_signature=specs)
+        return self._search_functions[key]
 
 
-def in_parallel(search, source_ids, searches):
-    """`search(source_ids)`, a `SearchResult`, as `searches` independent searches over consecutive
-    slices of the batch `[batch, source_len]` (some may be empty), concatenated: the same result.
+def _clean(text):
+    """A string vector's bytes that are not UTF-8 replaced by U+FFFD."""
+    return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+
+
+def _per_sentence(values, spec, text):
+    """`values` checked to be a vector (TF Serving feeds any shape it is sent; Python callers
+    are checked against the signature) of one value per sentence of `text`, with errors that
+    name the input."""
+    values = tf.ensure_shape(values, spec.shape, name=f"{spec.name}_must_be_a_vector_of_{spec.dtype.name}")
+    check = tf.debugging.assert_equal(tf.size(values), tf.size(text), message=f"{spec.name} must hold one value per sentence of text")
+    with tf.control_dependencies([check]):
+        return tf.identity(values)
+
+
+def in_parallel(search, batched, searches, shared=()):
+    """`search(*batched, *shared)`, a `SearchResult`, as `searches` independent searches over
+    consecutive slices of the batch (some may be empty), concatenated: the same result.
+    `batched` is a tensor `[batch, ...]` (source ids) or a tuple of them (with a target prefix,
+    per-sentence options); `shared` are passed whole to each search.
 
     For TensorFlow graphs on CPUs. The graph then holds that many loops that share nothing, and
     TensorFlow runs them side by side, one per core, when each op runs on one thread (intra-op
@@ -146,12 +232,15 @@ def in_parallel(search, source_ids, searches):
     less from being spread over the cores than they lose to the threads' hand-offs. With
     TensorFlow's default threads it makes little difference.
     """
+    batched = tuple(batched) if isinstance(batched, (tuple, list)) else (batched,)
     if searches == 1:
-        return search(source_ids)
-    if source_ids.shape[0] is None:  # a served graph (XLA's know their batch)
-        # One function, called once per slice: the graph (and a SavedModel) holds the search once.
-        search = tf.function(search, input_signature=[SOURCE_IDS_SPEC])
-    batch = source_ids.shape[0] if source_ids.shape[0] is not None else tf.shape(source_ids)[0]
+        return search(*batched, *shared)
+    if batched[0].shape[0] is None and not isinstance(search, tf.types.experimental.PolymorphicFunction):
+        # A served graph (XLA's know their batch): one function, called once per slice, so that
+        # the graph (and a SavedModel) holds the search once.
+        specs = [tf.TensorSpec([None] * len(value.shape), value.dtype) for value in (*batched, *shared)]
+        search = tf.function(search, input_signature=specs)
+    batch = batched[0].shape[0] if batched[0].shape[0] is not None else tf.shape(batched[0])[0]
     cuts = [batch * i // searches for i in range(searches + 1)]
-    results = [search(source_ids[start:end]) for start, end in zip(cuts, cuts[1:])]
+    results = [search(*(value[start:end] for value in batched), *shared) for start, end in zip(cuts, cuts[1:])]
     return SearchResult(*(tf.concat(parts, axis=0) for parts in zip(*results)))

@@ -6,7 +6,10 @@ is printed on a line of its own; with --n-best N, each sentence's N best transla
 `n_best` signature), a line each: the sentence's number (from 1), the rank, the score and the
 translation, tab-separated; with --alignments, each translation then a tab and its alignment
 (the `alignments` signature) as source-target pairs of SentencePiece piece indices, from 0,
-"i-j" for each target piece j and the source piece i it attended to most.
+"i-j" for each target piece j and the source piece i it attended to most. --prefix TEXT makes
+each translation start with TEXT (the `prefix` signature). --sample N draws N translations of
+each sentence at random (the `sample` signature; --temperature, --top-k, --top-p and --seed as
+`keras_transformer.search.SamplingSettings`), printed as --n-best prints its lists.
 """
 
 import argparse
@@ -22,7 +25,8 @@ quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (registers the SentencePiece ops the SavedModel uses)
 
-from export.serving import use_serving_threads  # noqa: E402
+from export.serving import MAX_SAMPLES, use_serving_threads  # noqa: E402
+from keras_transformer.search import SamplingSettings  # noqa: E402
 
 
 def resolve(export_dir):
@@ -35,6 +39,22 @@ def resolve(export_dir):
     return os.path.join(export_dir, str(max(versions)))
 
 
+def check(args):
+    """The export folder the arguments name, after checking what can be checked before the model
+    is loaded; ValueError otherwise."""
+    export_dir = resolve(args.export_dir)
+    if args.n_best is not None:
+        with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
+            beam_size = json.load(f)["beam_size"]
+        if not 1 <= args.n_best <= beam_size:
+            raise ValueError(f"--n-best {args.n_best}: {export_dir} searches with a beam of {beam_size}, so 1 to {beam_size}.")
+    if args.sample is not None:
+        SamplingSettings(args.temperature, args.top_k, args.top_p)
+        if not 1 <= args.sample <= MAX_SAMPLES:
+            raise ValueError(f"--sample {args.sample}: 1 to {MAX_SAMPLES}.")
+    return export_dir
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export_dir")
@@ -45,19 +65,22 @@ def main(argv=None):
     other = parser.add_mutually_exclusive_group()
     other.add_argument("--n-best", type=int, help="print each sentence's N best translations, with their scores")
     other.add_argument("--alignments", action="store_true", help="print each translation's alignment to its source pieces")
+    other.add_argument("--prefix", help="the start each translation must have")
+    other.add_argument("--sample", type=int, help="print N translations of each sentence drawn at random, with their scores")
+    sampling = parser.add_argument_group("sampling (with --sample)")
+    defaults = SamplingSettings()
+    sampling.add_argument("--temperature", type=float, default=defaults.temperature)
+    sampling.add_argument("--top-k", type=int, default=defaults.top_k, help="0: every token")
+    sampling.add_argument("--top-p", type=float, default=defaults.top_p)
+    sampling.add_argument("--seed", type=int, default=0, help="sentence i (from 0) draws with seed SEED + i")
     args = parser.parse_args(argv)
-    use_serving_threads()
     try:
-        export_dir = resolve(args.export_dir)
+        export_dir = check(args)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    if args.n_best is not None:
-        with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
-            beam_size = json.load(f)["beam_size"]
-        if not 1 <= args.n_best <= beam_size:
-            sys.exit(f"error: --n-best {args.n_best}: {export_dir} searches with a beam of {beam_size}, so 1 to {beam_size}.")
+    use_serving_threads()
     translator = tf.saved_model.load(export_dir)
-    for signature in ("n_best", "alignments"):  # as the flags are named
+    for signature in ("n_best", "alignments", "prefix", "sample"):  # as the flags are named
         if getattr(args, signature) and not hasattr(translator, signature):
             sys.exit(f"error: {export_dir} has no {signature} signature (an export of an earlier version): export it again.")
     if args.input_file:
@@ -67,8 +90,14 @@ def main(argv=None):
         sentences = args.sentences or sys.stdin.read().splitlines()
     for start in range(0, len(sentences), args.batch_size):
         batch = tf.constant(sentences[start : start + args.batch_size])
-        if args.n_best:
-            result = translator.n_best(batch, tf.fill(tf.shape(batch), args.n_best))
+        if args.n_best or args.sample:
+            if args.n_best:
+                result = translator.n_best(batch, tf.fill(tf.shape(batch), args.n_best))
+            else:
+                size = tf.shape(batch)
+                result = translator.sample(batch, tf.fill(size, args.sample), tf.fill(size, args.temperature),
+                                           tf.fill(size, args.top_k), tf.fill(size, args.top_p),
+                                           args.seed + start + tf.range(size[0]))  # fmt: skip
             for row, (translations, scores) in enumerate(zip(result["translations"].numpy(), result["scores"].numpy())):
                 for rank, (translation, score) in enumerate(zip(translations, scores), 1):
                     print(f"{start + row + 1}\t{rank}\t{score:.4f}\t{translation.decode('utf-8')}", flush=True)
@@ -82,7 +111,7 @@ def main(argv=None):
                 pairs = " ".join(f"{i}-{j}" for j, i in enumerate(sources))
                 print(f"{translation.decode('utf-8')}\t{pairs}", flush=True)
             continue
-        result = translator.translate(batch)
+        result = translator.prefix(batch, tf.fill(tf.shape(batch), args.prefix)) if args.prefix else translator.translate(batch)
         for translation, score in zip(result["translation"].numpy(), result["score"].numpy()):
             line = translation.decode("utf-8")
             print(f"{score:.4f}\t{line}" if args.scores else line, flush=True)

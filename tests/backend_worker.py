@@ -9,7 +9,9 @@
                                            the backend, on sentences; prints JSON
     decode WEIGHTS SOURCES_NPY             greedy and beam 4 search of the model in WEIGHTS
                                            (.weights.h5 beside its config .json), compiled for the
-                                           backend, on source ids; prints JSON tokens and scores
+                                           backend, on source ids, and both with a target prefix
+                                           (`PREFIX`), and sampling (`SAMPLING`); prints JSON
+                                           tokens and scores
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
     remote RUN_DIR ...FLAGS                train 4 steps, then on to 8 (resuming), and average, in a
@@ -28,7 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import TransformerConfig
-from keras_transformer.search import DecodingSettings
+from keras_transformer.search import DecodingSettings, sample_search
+from keras_transformer.search import decode as decode_with
 from training import backends, data, evaluate, shards
 from training import train as train_module
 from training.run_folder import RunFolder
@@ -62,11 +65,33 @@ def decode(weights_path, sources_path):
         model = Transformer(TransformerConfig.from_dict(json.load(f)))
     model.load_weights(weights_path)
     sources = np.load(sources_path)
+    prefix = np.stack([PREFIX[row % len(PREFIX)] for row in range(len(sources))])
+
+    def searches():  # name -> (compiled search, its inputs)
+        for beam_size in (1, 4):
+            settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
+
+            def prefixed(ids, prefix, execution, settings=settings):
+                return decode_with(model, ids, settings, execution, target_prefix=prefix)
+
+            yield str(beam_size), evaluate.compile_search(model, settings), (sources,)
+            yield f"{beam_size} prefix", evaluate.compile_for_backend(model, prefixed), (sources, prefix)
+
+        def sampled(ids, execution):
+            return sample_search(model, ids, np.arange(len(sources)), execution=execution, **SAMPLING)
+
+        yield "sample", evaluate.compile_for_backend(model, sampled), (sources,)
+
     result = {}
-    for beam_size in (1, 4):
-        tokens, scores = evaluate.compile_search(model, DecodingSettings(beam_size=beam_size, max_extra_length=4))(sources)
-        result[beam_size] = [keras.ops.convert_to_numpy(tokens).tolist(), keras.ops.convert_to_numpy(scores).tolist()]
+    for name, search, inputs in searches():
+        tokens, scores = search(*inputs)
+        result[name] = [keras.ops.convert_to_numpy(tokens).tolist(), keras.ops.convert_to_numpy(scores).tolist()]
     print(json.dumps(result))
+
+
+# The target prefixes and sampling options `decode` searches with, under each backend.
+PREFIX = np.array([[5, 6], [7, 0], [0, 0]], "int32")
+SAMPLING = dict(num_samples=2, temperature=1.5, top_k=6, top_p=0.9, max_extra_length=4)
 
 
 def translate(run_dir, sources_json):

@@ -203,11 +203,14 @@ def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported)
         result = loaded.signatures[name](**inputs)
         text = inputs["text"].numpy()
         assert all(len(t) > 0 for t in text)
-        assert result["translations" if name == "n_best" else "translation"].shape[0] == len(text)
+        assert result["translations" if name in ("n_best", "sample") else "translation"].shape[0] == len(text)
         requests.append((name, sorted(inputs), len(text)))
+    sample = ["samples", "seed", "temperature", "text", "top_k", "top_p"]
     assert requests == [("serving_default", ["text"], 1), ("serving_default", ["text"], 32),
                         ("n_best", ["n", "text"], 1), ("n_best", ["n", "text"], 32),
-                        ("alignments", ["text"], 1), ("alignments", ["text"], 32)]  # fmt: skip
+                        ("alignments", ["text"], 1), ("alignments", ["text"], 32),
+                        ("prefix", ["prefix", "text"], 1), ("prefix", ["prefix", "text"], 32),
+                        ("sample", sample, 1), ("sample", sample, 32)]  # fmt: skip
 
 
 def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyond_the_beam(exported):
@@ -274,6 +277,94 @@ def test_alignments_are_the_models_attention_for_the_translation_it_serves(expor
         np.testing.assert_allclose(attention[:target_length, :source_length].sum(axis=-1), 1.0, atol=1e-5)
         assert not np.any(attention[target_length:]) and not np.any(attention[:, source_length:])
         assert set(result["source_pieces"][row, source_length:]) <= {b""} and b"" not in result["target_pieces"][row, :target_length]
+
+
+def _signature_inputs(signature):
+    return {name: (spec.dtype, spec.shape.as_list()) for name, spec in signature.structured_input_signature[1].items()}
+
+
+def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_long_is_refused(exported, run_dir):
+    from keras_transformer.search import decode
+
+    loaded = tf.saved_model.load(exported[4])
+    signature = loaded.signatures["prefix"]
+    assert _signature_inputs(signature) == {"text": (tf.string, [None]), "prefix": (tf.string, [None])}
+    best = loaded.translate(tf.constant(SENTENCES))
+    empty = signature(text=tf.constant(SENTENCES), prefix=tf.constant(["", "", ""]))
+    np.testing.assert_array_equal(empty["translation"], best["translation"])
+    np.testing.assert_allclose(empty["score"], best["score"], rtol=1e-6)
+    # Each sentence's own prefix: the start of its second-best translation, or none.
+    second = [t.decode() for t in loaded.n_best(tf.constant(SENTENCES), tf.constant([2, 2, 2]))["translations"][:, 1].numpy()]
+    prefixes = [" ".join(second[0].split()[:2]), second[1].split()[0], ""]
+    result = signature(text=tf.constant(SENTENCES), prefix=tf.constant(prefixes))
+    translations = [t.decode() for t in result["translation"].numpy()]
+    assert all(t.startswith(p) for t, p in zip(translations, prefixes)) and translations[2] == best["translation"][2].numpy().decode()
+    assert translations[:2] != [t.decode() for t in best["translation"].numpy()[:2]]
+    run = RunFolder(run_dir)
+    tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
+    expected = decode(model, tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor(), DecodingSettings(),
+                      target_prefix=tokenizer.tokenize(tf.constant(prefixes)).to_tensor())  # fmt: skip
+    np.testing.assert_array_equal(result["translation"], tokenizer.detokenize(expected.tokens))
+    np.testing.assert_allclose(result["score"], expected.scores, rtol=1e-5)
+    # A prefix as long as the translation may be is served; one piece more is refused.
+    word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.tokenize(w)) == 1)
+    longest = signature(text=tf.constant(["a"]), prefix=tf.constant([" ".join([word] * (len(tokenizer.tokenize("a")) + 1 + 50))]))
+    assert longest["translation"].numpy()[0].decode().split() == [word] * (len(tokenizer.tokenize("a")) + 1 + 50)
+    for text, prefix, error in ((["a"], [" ".join([word] * 60)], "prefix has more pieces than a translation of its sentence may have"),
+                                (SENTENCES, ["Ein"], "prefix must hold one value per sentence of text")):  # fmt: skip
+        with pytest.raises(tf.errors.InvalidArgumentError, match=error):
+            signature(text=tf.constant(text), prefix=tf.constant(prefix))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Shape of tensor prefix.* not compatible with expected shape \[\?\]"):
+        signature._call_flat([tf.constant([["Ein"]]), tf.constant(["a"])], signature.captured_inputs)  # inputs in name order
+
+
+def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_options_are_refused(exported, run_dir):
+    from keras_transformer.search import sample_search
+
+    loaded = tf.saved_model.load(exported[4])
+    signature = loaded.signatures["sample"]
+    assert _signature_inputs(signature) == {"text": (tf.string, [None]), "samples": (tf.int32, [None]),
+                                            "temperature": (tf.float32, [None]), "top_k": (tf.int32, [None]),
+                                            "top_p": (tf.float32, [None]), "seed": (tf.int32, [None])}  # fmt: skip
+
+    def sample(text=SENTENCES, samples=3, temperature=1.0, top_k=0, top_p=1.0, seed=(5, 6, 7)):
+        values = dict(samples=samples, temperature=temperature, top_k=top_k, top_p=top_p)
+        inputs = {name: tf.fill([len(text)], value) for name, value in values.items()}
+        return {key: value.numpy() for key, value in signature(text=tf.constant(text), seed=tf.constant(seed), **inputs).items()}
+
+    greedy_export = tf.saved_model.load(exported[1])  # kept: its function needs its variables
+    greedy = greedy_export.translate(tf.constant(SENTENCES))
+    top_1 = sample(top_k=1)
+    for column in range(3):
+        np.testing.assert_array_equal(top_1["translations"][:, column], greedy["translation"])
+        np.testing.assert_allclose(top_1["scores"][:, column], greedy["score"], rtol=1e-5)
+    drawn = sample(temperature=1.5, top_p=0.95)
+    np.testing.assert_array_equal(sample(temperature=1.5, top_p=0.95)["translations"], drawn["translations"])
+    assert len(set(drawn["translations"].ravel())) > 4
+    # As the library draws them, and a sentence's samples depend on its seed, not on its batch.
+    run = RunFolder(run_dir)
+    tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
+    expected = sample_search(model, tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor(), [5, 6, 7], num_samples=3,
+                             temperature=1.5, top_p=0.95)  # fmt: skip
+    texts = tokenizer.detokenize(tf.reshape(expected.tokens, [9, -1])).numpy().reshape(3, 3)
+    np.testing.assert_array_equal(drawn["translations"], texts)
+    np.testing.assert_allclose(drawn["scores"], expected.scores, rtol=1e-5)
+    alone = sample(text=SENTENCES[1:2], temperature=1.5, top_p=0.95, seed=[6])
+    np.testing.assert_array_equal(alone["translations"][0], drawn["translations"][1])
+    # Each sentence its own count: as many columns as the largest, the others padded.
+    mixed = {key: value.numpy() for key, value in signature(
+        text=tf.constant(SENTENCES), samples=tf.constant([1, 3, 2]), temperature=tf.fill([3], 1.5),
+        top_k=tf.fill([3], 0), top_p=tf.fill([3], 0.95), seed=tf.constant([5, 6, 7])).items()}  # fmt: skip
+    asked = np.arange(3)[None] < np.array([1, 3, 2])[:, None]
+    np.testing.assert_array_equal(mixed["translations"][asked], drawn["translations"][asked])
+    assert set(mixed["translations"][~asked]) == {b""} and np.all(mixed["scores"][~asked] == -1e9)
+    for bad, error in ((dict(samples=0), "samples must be 1 to 100"), (dict(samples=101), "samples must be 1 to 100"),
+                       (dict(temperature=-1.0), "temperature must be > 0"), (dict(temperature=0.0), "temperature must be > 0"),
+                       (dict(top_k=-1), "top_k must be >= 0"), (dict(top_p=0.0), "top_p must be in \\(0, 1\\]"),
+                       (dict(top_p=1.5), "top_p must be in \\(0, 1\\]"),
+                       (dict(seed=[1, 2]), "seed must hold one value per sentence of text")):  # fmt: skip
+        with pytest.raises(tf.errors.InvalidArgumentError, match=error):
+            sample(**bad)
 
 
 def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming_text(exported):
@@ -366,26 +457,47 @@ def test_translate_command_line(exported, tmp_path):
     for line, source_length, target_length in zip(aligned, result["source_length"].numpy(), result["target_length"].numpy()):
         pairs = [tuple(map(int, pair.split("-"))) for pair in line.split("\t")[1].split()]
         assert [j for _, j in pairs] == list(range(target_length)) and all(0 <= i < source_length for i, _ in pairs)
-    too_many = subprocess.run(n_best[:-1] + ["9"], cwd=ROOT, capture_output=True, text=True)
-    assert too_many.returncode == 1 and f"error: --n-best 9: {exported[4]} searches with a beam of 4, so 1 to 4." in too_many.stderr
+    first_word = result["translation"].numpy()[0].decode().split()[0]
+    prefixed = subprocess.run([sys.executable, "-m", "export.translate", exported[4], *SENTENCES, "--prefix", first_word],
+                              check=True, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    expected = four.prefix(tf.constant(SENTENCES), tf.constant([first_word] * 3))["translation"].numpy()
+    assert prefixed == [t.decode() for t in expected] and all(line.startswith(first_word) for line in prefixed)
+    sample = [sys.executable, "-m", "export.translate", exported[4], *SENTENCES, "--sample", "2", "--temperature", "1.5",
+              "--seed", "5"]  # fmt: skip
+    lines = [line.split("\t") for line in subprocess.run(sample, check=True, cwd=ROOT, capture_output=True,
+                                                          text=True).stdout.splitlines()]  # fmt: skip
+    assert [(sentence, rank) for sentence, rank, _, _ in lines] == [(s, r) for s in "123" for r in "12"]
+    size = [len(SENTENCES)]
+    expected = four.sample(tf.constant(SENTENCES), tf.fill(size, 2), tf.fill(size, 1.5), tf.fill(size, 0), tf.fill(size, 1.0),
+                           tf.constant([5, 6, 7]))  # fmt: skip
+    assert [text for *_, text in lines] == [t.decode() for t in expected["translations"].numpy().ravel()]
 
-    missing = subprocess.run(command[:-1] + [str(tmp_path / "nothing"), "x"], cwd=ROOT, capture_output=True, text=True)
-    assert missing.returncode == 1 and "is neither a SavedModel nor a base path with numbered versions" in missing.stderr
+    # Bad flags end the command before TensorFlow is set up: in this process.
+    from export import translate
+
+    for arguments, error in (
+        ([exported[4], "x", "--sample", "2", "--top-p", "1.5"], "error: Sampling needs temperature > 0.*top_p 1.5"),
+        ([exported[4], "x", "--sample", "101"], "error: --sample 101: 1 to 100"),
+        ([exported[4], "x", "--n-best", "9"], f"error: --n-best 9: {exported[4]} searches with a beam of 4, so 1 to 4."),
+        ([str(tmp_path / "nothing"), "x"], "is neither a SavedModel nor a base path with numbered versions"),
+    ):
+        with pytest.raises(SystemExit, match=error):
+            translate.main(arguments)
 
 
 def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recorded(exported, run_dir):
     from export.saved_model import next_version
 
+    from export.__main__ import main
+
     base = os.path.dirname(exported[4])
     export_command = [sys.executable, "-m", "export", "--run-dir", run_dir, "--out", base]
-    clash = subprocess.run(export_command + ["--version", "4"], cwd=ROOT, capture_output=True, text=True)
-    assert clash.returncode == 1 and f"error: {base}/4 exists already: choose another --version." in clash.stderr
-    bad = subprocess.run(export_command + ["--beam-size", "0"], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 1 and "beam_size >= 1" in bad.stderr
-    with pytest.raises(ValueError, match=r"alignment_layer 7: the decoder has 2 layers \(-2 to 1\)"):
-        export(run_dir, base, DecodingSettings(alignment_layer=7))  # as --alignment-layer 7
-    bad = subprocess.run(export_command + ["--searches", "0"], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 1 and "error: --searches must be at least 1; got 0." in bad.stderr
+    for flags, error in ((["--version", "4"], f"error: {base}/4 exists already: choose another --version."),
+                         (["--beam-size", "0"], "error: Decoding needs beam_size >= 1"),
+                         (["--alignment-layer", "7"], r"error: alignment_layer 7: the decoder has 2 layers \(-2 to 1\)"),
+                         (["--searches", "0"], "error: --searches must be at least 1; got 0.")):  # fmt: skip
+        with pytest.raises(SystemExit, match=error):  # before anything is traced: in this process
+            main(export_command[3:] + flags)
 
     assert next_version(base) == 5
     first_step, first = RunFolder(run_dir).checkpoints()[0]
@@ -450,5 +562,7 @@ def test_an_interrupted_export_leaves_no_version(when, run_dir, tmp_path):
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
+    from export.saved_model import next_version
+
     assert not (base / "7").exists()
-    assert export(run_dir, str(base)) == str(base / "1")  # hidden leftovers do not count as versions
+    assert next_version(str(base)) == 1  # hidden leftovers do not count as versions

@@ -346,6 +346,143 @@ def test_n_best_is_sorted_and_distinct_and_starts_with_the_best(rng):
         beam_search(model, sources, beam_size=4, num_hypotheses=5)
 
 
+def _log_prob(model, source, hypothesis):
+    """log P(hypothesis | source) by one full forward pass (padding never generated)."""
+    logits = np.asarray(model((source[None], np.array([[BOS_ID, *hypothesis[:-1]]], "int32"))))[0]
+    log_probs = np.asarray(tf.nn.log_softmax(logits[:, 1:]))  # over every token but padding (id 0)
+    return sum(log_probs[i, t - 1] for i, t in enumerate(hypothesis))
+
+
+@pytest.mark.parametrize("vocab, beam_size, max_length", [(6, 48, 3), (8, 8, 3)])
+def test_a_target_prefix_starts_the_output_and_a_wide_beam_finds_the_exhaustive_best_after_it(vocab, beam_size, max_length, rng):
+    model = _model(vocab, seed=12)
+    sources = _sources(rng, [4, 2, 3], vocab)
+    prefixes = np.array([[4, 5], [5, 0], [0, 0]], "int32")  # padded with 0; the last sentence has none
+    for alpha in (0.0, 0.6):
+        result = beam_search(model, sources, beam_size=beam_size, alpha=alpha, max_length=max_length, target_prefix=prefixes)
+        for row, source in enumerate(sources):
+            prefix = [t for t in prefixes[row] if t != PAD_ID]
+            score, output = next(pair for pair in _exhaustive(model, source, max_length, alpha) if pair[1][: len(prefix)] == prefix)
+            tokens = np.asarray(result.tokens[row])
+            assert list(tokens[tokens != PAD_ID]) == output, (alpha, row)
+            # The forced tokens count as the model's log-probabilities.
+            np.testing.assert_allclose(result.scores[row], score, rtol=1e-4)
+
+
+def test_greedy_search_continues_a_target_prefix_by_the_most_likely_tokens(rng):
+    model = _model(30, seed=13)
+    sources = _sources(rng, [5, 3, 6, 2], 30)
+    prefixes = np.array([[7, 8, 9], [0, 0, 0], [11, 0, 0], [12, 13, 0]], "int32")
+    extra = 3
+    result = greedy_search(model, sources, max_extra_length=extra, alpha=0.6, target_prefix=prefixes)
+    for row, source in enumerate(sources):
+        source = source[source != PAD_ID]
+        hypothesis = [int(t) for t in prefixes[row] if t != PAD_ID]
+        while len(hypothesis) < len(source) + extra and EOS_ID not in hypothesis:
+            logits = np.asarray(model((source[None], np.array([[BOS_ID, *hypothesis]], "int32"))))[0, -1]
+            hypothesis.append(1 + int(np.argmax(logits[1:])))  # never padding (id 0)
+        output = [t for t in hypothesis if t != EOS_ID]
+        tokens = np.asarray(result.tokens[row])
+        assert list(tokens[tokens != PAD_ID]) == output
+        expected = _log_prob(model, source, hypothesis) / float(length_penalty(len(hypothesis), 0.6))
+        np.testing.assert_allclose(result.scores[row], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("search", [greedy_search, functools.partial(beam_search, beam_size=3)], ids=["greedy", "beam"])
+def test_an_empty_target_prefix_changes_nothing_and_xla_forces_as_the_graph_does(search, rng):
+    model = _model(40, seed=14)
+    sources = _sources(rng, [5, 2, 7], 40)
+    plain = search(model, sources, max_extra_length=4)
+    for empty in (np.zeros((3, 0), "int32"), np.zeros((3, 2), "int32")):
+        result = search(model, sources, max_extra_length=4, target_prefix=empty)
+        np.testing.assert_array_equal(result.tokens, plain.tokens)
+        np.testing.assert_allclose(result.scores, plain.scores, rtol=1e-6)
+    prefixes = np.array([[9, 10, 11, 12], [0, 0, 0, 0], [13, 14, 0, 0]], "int32")
+    graph = tf.function(lambda s, p: search(model, s, max_extra_length=4, target_prefix=p))(sources, prefixes)
+    assert np.all(np.asarray(graph.tokens)[[0, 2], :2] == prefixes[[0, 2], :2])
+    xla = tf.function(lambda s, p: search(model, s, max_extra_length=4, target_prefix=p,
+                                          execution=Execution.choose(compiled=True)), jit_compile=True)(sources, prefixes)  # fmt: skip
+    np.testing.assert_array_equal(xla.tokens, graph.tokens)
+    np.testing.assert_allclose(xla.scores, graph.scores, rtol=1e-5)
+
+
+class _FixedLogits:
+    """A `DecodingModel` whose next-token logits are `logits` `[vocab]` at every step, whatever
+    the source and output: a next-token distribution known exactly."""
+
+    def __init__(self, logits):
+        self.logits = tf.constant(logits, tf.float32)
+        self.config = TransformerConfig.tiny(len(logits), num_layers=1, d_model=8, num_heads=1, d_ff=8)
+
+    def encode(self, source_ids, training=None):
+        return tf.zeros(tf.shape(source_ids)), source_ids != PAD_ID
+
+    def init_cache(self, encoder_output, source_mask, hypotheses=1, max_length=None, shared_slots=True):
+        return tf.zeros([tf.shape(encoder_output)[0] * hypotheses, 1])
+
+    def decode_step(self, token_ids, index, cache):
+        return tf.tile(self.logits[None], [tf.shape(token_ids)[0], 1]), cache
+
+    def reorder_cache(self, cache, parents, sentences=None):
+        return cache if sentences is None else tf.gather(cache, sentences)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.5, 4, 1.0), (1.0, 0, 0.8), (0.8, 5, 0.9)])
+def test_sampled_tokens_follow_the_models_distribution_reshaped_by_temperature_top_k_and_top_p(temperature, top_k, top_p):
+    import scipy.stats
+
+    from keras_transformer.search import sample_search
+
+    # Token 0 is padding (never drawn), 1-2 unlikely, 3 the end of sentence.
+    logits = np.array([-1e9, -3.0, -2.5, 0.5, 1.0, 0.2, -0.4, 1.3, 0.9, -1.0], "float32")
+    draws = 6000
+    result = sample_search(_FixedLogits(logits), np.full((draws // 2, 1), 5, "int32"), np.arange(draws // 2),
+                           num_samples=2, temperature=temperature, top_k=top_k, top_p=top_p, max_length=1)  # fmt: skip
+    tokens = np.asarray(result.tokens).reshape(-1)  # one token each: the end of sentence is stripped to 0
+    tokens = np.where(tokens == PAD_ID, EOS_ID, tokens)
+    # The reference: the distribution from its definition, in NumPy.
+    probs = np.exp((logits.astype("float64") - np.max(logits)) / temperature)
+    order = np.argsort(-probs, kind="stable")
+    if top_k:
+        probs[order[top_k:]] = 0
+    probs /= probs.sum()
+    outside = np.cumsum(probs[order]) - probs[order] >= top_p
+    probs[order[outside]] = 0
+    probs /= probs.sum()
+    counts = np.bincount(tokens, minlength=len(logits))
+    assert not np.any(counts[probs == 0]), "a token outside top k / top p was drawn"
+    drawn = probs > 0
+    statistic, p_value = scipy.stats.chisquare(counts[drawn], probs[drawn] * draws)
+    assert p_value > 1e-3, (statistic, counts, probs * draws)
+    # Each score is the model's own log-probability of the token (over lp(1) = 1).
+    model_log_probs = logits - np.log(np.sum(np.exp(logits)))
+    np.testing.assert_allclose(np.asarray(result.scores).reshape(-1), model_log_probs[tokens], rtol=1e-5)
+
+
+def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_any_batch(rng):
+    from keras_transformer.search import SamplingSettings, sample_search
+
+    model = _model(30, seed=15)
+    sources = _sources(rng, [5, 3, 6, 2], 30)
+    greedy = greedy_search(model, sources, max_extra_length=4)
+    top_1 = sample_search(model, sources, 7, num_samples=2, top_k=1, max_extra_length=4)
+    for sample in range(2):
+        np.testing.assert_array_equal(top_1.tokens[:, sample], greedy.tokens)
+        np.testing.assert_allclose(top_1.scores[:, sample], greedy.scores, rtol=1e-5)
+    seeds = np.array([1, 2, 3, 4], "int32")
+    sampled = sample_search(model, sources, seeds, num_samples=3, temperature=2.0, max_extra_length=4)
+    again = tf.function(lambda s: sample_search(model, s, seeds, num_samples=3, temperature=2.0, max_extra_length=4))(sources)
+    np.testing.assert_array_equal(again.tokens, sampled.tokens)
+    assert len({tuple(np.asarray(t)) for t in np.asarray(sampled.tokens).reshape(12, -1)}) > 6, "samples barely differ"
+    # A sentence's samples are a function of its seed: alone, or beside other sentences.
+    alone = sample_search(model, sources[2:3, :6], seeds[2:3], num_samples=3, temperature=2.0, max_extra_length=4)
+    np.testing.assert_array_equal(alone.tokens[0], np.asarray(sampled.tokens)[2, :, : alone.tokens.shape[2]])
+    other = sample_search(model, sources, seeds + 10, num_samples=3, temperature=2.0, max_extra_length=4)
+    assert np.any(np.asarray(other.tokens) != np.asarray(sampled.tokens))
+    with pytest.raises(ValueError, match="temperature > 0.*got temperature -1.0"):
+        SamplingSettings(temperature=-1.0)
+
+
 def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_size(rng):
     from keras_transformer.search import DecodingSettings, decode
 
@@ -422,23 +559,36 @@ def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(r
 
 
 def test_jax_decodes_as_tensorflow_does(reversal_model, tmp_path):
-    """Greedy and beam 4, compiled for each backend as `training.evaluate` compiles them
-    (TensorFlow: XLA; JAX: jax.jit), on the same weights and sources."""
+    """Greedy and beam 4, each also with a target prefix, and sampling, compiled for each backend
+    as `training.evaluate` compiles them (TensorFlow: XLA; JAX: jax.jit), on the same weights and
+    sources: the same tokens (the random numbers too)."""
     import json
 
+    from backend_worker import PREFIX, SAMPLING
     from conftest import WORKER, run_under
-    from keras_transformer.search import DecodingSettings
-    from training.evaluate import compile_search
+    from keras_transformer.search import DecodingSettings, decode, sample_search
+    from training.evaluate import compile_for_backend, compile_search
 
     model, weights, sources, _ = reversal_model
     np.save(tmp_path / "sources.npy", sources)
     under_jax = json.loads(run_under("jax", WORKER, "decode", weights, str(tmp_path / "sources.npy")))
+    prefix = np.stack([PREFIX[row % len(PREFIX)] for row in range(len(sources))])
+    under_tensorflow = {}
     for beam in (1, 4):
-        tokens, scores = compile_search(model, DecodingSettings(beam, max_extra_length=4))(sources)
-        jax_tokens, jax_scores = under_jax[str(beam)]
-        np.testing.assert_array_equal(jax_tokens, tokens, err_msg=f"beam {beam}")
-        np.testing.assert_allclose(jax_scores, scores, rtol=1e-4, atol=1e-5, err_msg=f"beam {beam}")
+        settings = DecodingSettings(beam, max_extra_length=4)
+        under_tensorflow[str(beam)] = compile_search(model, settings)(sources)
+        under_tensorflow[f"{beam} prefix"] = compile_for_backend(
+            model, lambda ids, p, execution, settings=settings: decode(model, ids, settings, execution, target_prefix=p))(sources, prefix)
+    under_tensorflow["sample"] = compile_for_backend(
+        model, lambda ids, execution: sample_search(model, ids, np.arange(len(sources)), execution=execution, **SAMPLING))(sources)
+    assert sorted(under_jax) == sorted(under_tensorflow)
+    for name, (tokens, scores) in under_tensorflow.items():
+        jax_tokens, jax_scores = under_jax[name]
+        np.testing.assert_array_equal(jax_tokens, tokens, err_msg=name)
+        np.testing.assert_allclose(jax_scores, scores, rtol=1e-4, atol=1e-5, err_msg=name)
+    tokens = np.asarray(under_tensorflow["4"].tokens)
     assert len(set(_nonzero_lengths(tokens))) > 2  # outputs of several lengths
+    assert np.all(np.asarray(under_tensorflow["4 prefix"].tokens)[::3, :2] == [5, 6])
 
 
 def test_alignments_are_the_models_attention_over_the_real_source_for_each_output_piece(reversal_model):

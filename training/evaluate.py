@@ -60,22 +60,29 @@ def make_translator(model, tokenizer, settings=DecodingSettings(), *, batch_size
 
 def compile_search(model, settings=DecodingSettings(), jit_compile=True):
     """`search(source_ids) -> SearchResult`, `decode` of `model` with `settings`, compiled for
+    Keras' backend as `compile_for_backend` compiles."""
+    return compile_for_backend(model, lambda source_ids, execution: decode(model, source_ids, settings, execution), jit_compile)
+
+
+def compile_for_backend(model, function, jit_compile=True):
+    """`function(*arrays, execution)` (a search of `model`) as `compiled(*arrays)`, compiled for
     Keras' backend: `tf.function` (with XLA and the static cache unless `jit_compile=False`), or
     `jax.jit` with the model's weights as arguments rather than constants baked into the
     program."""
     if keras.config.backend() != "jax":
         execution = Execution.choose(compiled=jit_compile)
-        return tf.function(lambda source_ids: decode(model, source_ids, settings, execution), jit_compile=jit_compile)
+        return tf.function(lambda *arrays: function(*arrays, execution), jit_compile=jit_compile)
     import jax
 
     variables = model.variables
+    execution = Execution.choose(compiled=True)
 
     @jax.jit
-    def stateless_search(values, source_ids):
+    def stateless(values, *arrays):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-            return decode(model, source_ids, settings)
+            return function(*arrays, execution)
 
-    return lambda source_ids: stateless_search([v.value for v in variables], source_ids)
+    return lambda *arrays: stateless([v.value for v in variables], *arrays)
 
 
 def score(translations, references):

@@ -9,6 +9,7 @@ from keras_transformer.search.active import next_active, to_batch
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.loop import while_loop
 from keras_transformer.search.outputs import length_limits, start_tokens, strip, write_column
+from keras_transformer.search.prefix import force
 from keras_transformer.search.settings import DecodingSettings, SearchResult, length_penalty
 from keras_transformer.search.top_k import best_tokens
 
@@ -41,6 +42,7 @@ def beam_search(
     max_length=None,
     execution=None,
     num_hypotheses=None,
+    target_prefix=None,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
 ):
@@ -67,6 +69,9 @@ def beam_search(
         execution: an `Execution` (default: `Execution.choose()`).
         num_hypotheses: n, to return the n best finished hypotheses of each sentence, best first
             (1 <= n <= beam_size); None for the best alone.
+        target_prefix: int32 `[batch, prefix_len]`, padded with 0: tokens each output must
+            start with (keras_transformer/search/prefix.py); a prefix longer than its
+            sentence's length limit is cut there. None: no prefix.
         bos_id, eos_id: the begin- and end-of-sentence ids.
 
     Returns:
@@ -92,6 +97,8 @@ def beam_search(
         best_log_prob, best_token = best_tokens(logits, per_row, execution.top_k)  # [a * k, per_row] each
         best_log_prob = to_batch(best_log_prob, state.active, batch, k, execution)  # [batch, k, per_row]
         best_token = to_batch(best_token, state.active, batch, k, execution)  # [batch, k, per_row]
+        if target_prefix is not None:  # while forced, a sentence's one alive hypothesis takes the prefix's token
+            best_log_prob, best_token = force(logits, best_log_prob, best_token, target_prefix, index, state.active, execution)
 
         # The k best extensions of each sentence.
         candidates = state.alive_log_prob[:, :, None] + best_log_prob  # [batch, k, per_row]

@@ -1,4 +1,5 @@
-"""Greedy search: the most likely token at each step."""
+"""Greedy search: the most likely token at each step; and the search it is an instance of, which
+keeps one output per sentence and extends it by a token a rule picks (sampling is another).""" 
 
 import collections
 
@@ -9,6 +10,7 @@ from keras_transformer.search.active import next_active, to_batch
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.loop import while_loop
 from keras_transformer.search.outputs import length_limits, start_tokens, strip, write_column
+from keras_transformer.search.prefix import force
 from keras_transformer.search.settings import DecodingSettings, SearchResult, length_penalty
 from keras_transformer.search.top_k import best_tokens
 
@@ -34,6 +36,7 @@ def greedy_search(
     max_extra_length=DecodingSettings.max_extra_length,
     max_length=None,
     execution=None,
+    target_prefix=None,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
 ):
@@ -47,12 +50,32 @@ def greedy_search(
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
         execution: an `Execution` (default: `Execution.choose()`).
+        target_prefix: int32 `[batch, prefix_len]`, padded with 0: tokens each output must
+            start with (keras_transformer/search/prefix.py); a prefix longer than its
+            sentence's length limit is cut there. None: no prefix.
         bos_id, eos_id: the begin- and end-of-sentence ids.
 
     Returns:
         A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
     """
     execution = execution or Execution.choose()
+
+    def most_likely(logits, index, active):
+        return best_tokens(logits, 1, execution.top_k)
+
+    return one_output_search(model, source_ids, most_likely, alpha=alpha, max_extra_length=max_extra_length,
+                             max_length=max_length, execution=execution, target_prefix=target_prefix, bos_id=bos_id,
+                             eos_id=eos_id)  # fmt: skip
+
+
+def one_output_search(
+    model, source_ids, next_token, *, alpha, max_extra_length, max_length, execution, target_prefix, bos_id, eos_id
+):
+    """A search that extends one output per sentence by the token `next_token` picks each step:
+    greedy search, sampling (keras_transformer/search/sampling.py). Arguments as `greedy_search`'s,
+    and `next_token(logits, index, active)`: the active sentences' logits `[a, vocab]` for the
+    position after `index`, and their indices `[a]` -> log-probabilities and tokens, `[a, 1]` each.
+    """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch = ops.shape(source_ids)[0]
     length_limit, steps = length_limits(model, source_ids, max_extra_length, max_length)  # [batch], scalar
@@ -62,9 +85,12 @@ def greedy_search(
         index, done = state.index, state.done
         token_ids = ops.take(ops.take(state.tokens, index, axis=1), state.active, axis=0)  # [a]
         logits, cache = model.decode_step(token_ids, index, state.cache)  # [a, vocab]
-        best_log_prob, best_token = best_tokens(logits, 1, execution.top_k)  # [a, 1] each
-        best_log_prob = ops.reshape(to_batch(best_log_prob, state.active, batch, 1, execution), (-1,))  # [batch]
-        best_token = ops.reshape(to_batch(best_token, state.active, batch, 1, execution), (-1,))  # [batch]
+        best_log_prob, best_token = next_token(logits, index, state.active)  # [a, 1] each
+        best_log_prob = to_batch(best_log_prob, state.active, batch, 1, execution)  # [batch, 1, 1]
+        best_token = to_batch(best_token, state.active, batch, 1, execution)  # [batch, 1, 1]
+        if target_prefix is not None:
+            best_log_prob, best_token = force(logits, best_log_prob, best_token, target_prefix, index, state.active, execution)
+        best_log_prob, best_token = ops.reshape(best_log_prob, (-1,)), ops.reshape(best_token, (-1,))  # [batch] each
         token = ops.where(done, PAD_ID, best_token)  # [batch]
         done = done | (token == eos_id) | (index + 1 >= length_limit)  # [batch]
         only = ops.zeros((batch, 1), "int32")  # one output a sentence: its own parent

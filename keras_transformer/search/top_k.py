@@ -1,5 +1,5 @@
 """Each hypothesis's best next tokens: a top k over the vocabulary, and the kernels that find it
-(`Execution.top_k`). All give `ops.top_k`'s result, equal values in index order
+(`Execution.top_k`); and the log-probability of a given token (`token_log_probs`). All give `ops.top_k`'s result, equal values in index order
 (tests/test_search.py compares them with a full sort).
 
 The thresholds below were chosen by the A/B measurements in bench/README.md's decoding section
@@ -35,6 +35,13 @@ def best_tokens(logits, n, kernel):
     shifted = best - best[:, :1]
     log_normaliser = ops.log(ops.sum(ops.exp(logits - best[:, :1]), axis=-1, keepdims=True))  # [rows, 1]
     return shifted - log_normaliser, ops.cast(tokens, "int32")
+
+
+def token_log_probs(logits, tokens):
+    """log P of one given token per row: `log_softmax(logits)[r, tokens[r]]`, float32 `[rows]`
+    for `logits` `[rows, vocab]` and int `tokens` `[rows]` (a forced or a sampled token)."""
+    chosen = take_per_row(logits, ops.cast(tokens, "int32")[:, None])[:, 0]  # [rows]
+    return chosen - ops.logsumexp(logits, axis=-1)
 
 
 def top_k(values, k, kernel):
