@@ -8,6 +8,11 @@ op); `cached` is one search with TensorFlow's default threads.
 
     python -m bench.decode            # the issue's shape: d_model 256, 3+3 layers, batch 32
     python -m bench.decode --smoke    # seconds-long, tiny sizes (the test suite runs this)
+    python -m bench.decode --precisions float32,bfloat16 --modes served   # reduced precision
+
+`--precisions` adds the served rows with the model in each other precision
+(`export.saved_model.in_precision`, as `python -m export --precision` exports it), and the last
+line their median ratio to the float32 served row of the same beam size and round.
 
 Random weights; EOS is never produced (`eos_id=-1`; CTranslate2: `min_decoding_length`) and every
 source has `--length` tokens with `max_extra_length=0`, so every run generates exactly
@@ -37,6 +42,7 @@ import tensorflow as tf  # noqa: E402
 from bench import ctranslate2_reference  # noqa: E402
 from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
 from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
+from export.saved_model import in_precision  # noqa: E402
 from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads  # noqa: E402
 from keras_transformer.search import Execution, beam_search, greedy_search  # noqa: E402
 
@@ -63,7 +69,7 @@ def full_recompute_greedy(model, source_ids, steps):
     return tokens[:, 1:]
 
 
-def measure(mode, beam_size, xla, args):
+def measure(mode, beam_size, xla, args, precision="float32"):
     if mode == "served" and not args.smoke:  # a process of its own: TensorFlow has run nothing yet
         use_serving_threads()
     keras.utils.set_random_seed(0)
@@ -76,6 +82,7 @@ def measure(mode, beam_size, xla, args):
         if not weight.path.endswith("kernel") and "embedding" not in weight.path:
             weight.assign(weight + rng.normal(0.0, 0.1, weight.shape).astype("float32"))
     source = rng.integers(4, args.vocab_size, size=(args.batch, args.length), dtype="int32")
+    model = in_precision(model, precision)
     if mode == "ctranslate2":
         if not ctranslate2_reference.available():
             print("CTranslate2 is not installed: no reference row (pip install -r bench/requirements.txt).", file=sys.stderr)
@@ -84,7 +91,7 @@ def measure(mode, beam_size, xla, args):
         _check_same_greedy_search(model, translator, source, args.length)
         seconds = time_call(lambda: ctranslate2_reference.translate(translator, source, beam_size, args.length, forced=True),
                             args.repeats)  # fmt: skip
-        _emit(mode, beam_size, xla, seconds, args)
+        _emit(mode, beam_size, xla, seconds, args, precision)
         return
     if mode == "full_recompute":
         decode = lambda s: full_recompute_greedy(model, s, args.length)  # noqa: E731
@@ -100,7 +107,7 @@ def measure(mode, beam_size, xla, args):
     compiled = tf.function(decode, jit_compile=xla)
     tokens = compiled(source)
     assert tokens.shape == (args.batch, args.length) and np.all(tokens.numpy() != 0), "length not forced"
-    _emit(mode, beam_size, xla, time_call(lambda: compiled(source).numpy(), args.repeats), args)
+    _emit(mode, beam_size, xla, time_call(lambda: compiled(source).numpy(), args.repeats), args, precision)
 
 
 def _check_same_greedy_search(model, translator, source, length):
@@ -114,11 +121,12 @@ def _check_same_greedy_search(model, translator, source, length):
     np.testing.assert_allclose(scores, keras.ops.convert_to_numpy(ours.scores), rtol=5e-3)
 
 
-def _emit(mode, beam_size, xla, seconds, args):
+def _emit(mode, beam_size, xla, seconds, args, precision):
     emit(
         {
             "benchmark": "decode",
             "mode": mode,
+            "precision": precision,
             "beam_size": beam_size,
             "xla": xla,
             "batch": args.batch,
@@ -146,31 +154,42 @@ def main():
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every row (medians are reported)")
-    parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA (e.g. cached:4:1); the default runs all, "
-                        "each in its own process so that peak memory is its own")
+    parser.add_argument("--precisions", default="float32", help="comma-separated: served rows in each (float32, bfloat16, float16)")
+    parser.add_argument("--modes", help="comma-separated: only these rows' modes (served, cached, ctranslate2)")
+    parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA[:PRECISION] (e.g. cached:4:1); the default runs "
+                        "all, each in its own process so that peak memory is its own")
     args = parser.parse_args()
+    rows = [row for row in ROWS if args.modes is None or row[0] in args.modes.split(",")]
+    rows += [("served", beam_size, False, precision) for precision in args.precisions.split(",") if precision != "float32"
+             for beam_size in (1, 4)]  # fmt: skip
     if args.smoke:
         args.batch, args.length, args.d_model, args.layers, args.d_ff, args.vocab_size, args.repeats = 2, 4, 16, 1, 32, 50, 1
     if args.only:
-        mode, beam_size, xla = args.only.split(":")
-        measure(mode, int(beam_size), bool(int(xla)), args)
+        mode, beam_size, xla, *precision = args.only.split(":")
+        measure(mode, int(beam_size), bool(int(xla)), args, *precision)
         return
-    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("smoke", "only", "rounds")]
+    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+              if k not in ("smoke", "only", "rounds", "precisions", "modes")]  # fmt: skip
     if args.smoke:
-        for mode, beam_size, xla in ROWS + CONTEXT_ROWS:
-            measure(mode, beam_size, xla, args)
+        for mode, beam_size, xla, *precision in rows + CONTEXT_ROWS:
+            measure(mode, beam_size, xla, args, *precision)
         return
     rounds = []
     for index in range(args.rounds):
-        rows = ROWS if index % 2 == 0 else ROWS[::-1]
-        rounds.append([record for row in rows for record in _run(row, passed)])
-    for row in CONTEXT_ROWS:
-        _run(row, passed)
-    ratios = {}  # row name -> its ratio to CTranslate2 in each round
+        order = rows if index % 2 == 0 else rows[::-1]
+        rounds.append([record for row in order for record in _run(row, passed)])
+    if args.modes is None:
+        for row in CONTEXT_ROWS:
+            _run(row, passed)
+    ratios = {}  # row name -> its ratio to CTranslate2 (or to float32) in each round
     for records in rounds:
         reference = {r["beam_size"]: r["gen_tokens_per_s"] for r in records if r["mode"] == "ctranslate2"}
+        float32 = {r["beam_size"]: r["gen_tokens_per_s"] for r in records if r["mode"] == "served" and r["precision"] == "float32"}
         for r in records:
-            if r["beam_size"] in reference and r["mode"] != "ctranslate2":
+            if r["precision"] != "float32" and r["beam_size"] in float32:
+                name = f"served_beam{r['beam_size']}_{r['precision']}_vs_float32"
+                ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / float32[r["beam_size"]])
+            elif r["beam_size"] in reference and r["mode"] != "ctranslate2":
                 name = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}"
                 ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / reference[r["beam_size"]])
     if ratios:
@@ -181,8 +200,8 @@ def main():
 
 def _run(row, passed):
     """Measures one row in its own process (its own peak memory); returns its records."""
-    mode, beam_size, xla = row
-    return run_isolated("bench.decode", [*passed, f"--only={mode}:{beam_size}:{int(xla)}"])
+    mode, beam_size, xla, *precision = row
+    return run_isolated("bench.decode", [*passed, f"--only={':'.join(map(str, [mode, beam_size, int(xla), *precision]))}"])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from training.quiet import quiet_tensorflow
 quiet_tensorflow()
 os.environ["KERAS_BACKEND"] = "tensorflow"  # the served graph is TensorFlow's, whichever backend trained the run
 
-from export.saved_model import export  # noqa: E402
+from export.saved_model import PRECISIONS, export  # noqa: E402
 from export.serving import PARALLEL_SEARCHES  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
 from training.evaluate import add_decoding_flags, decoding_settings  # noqa: E402
@@ -33,11 +33,14 @@ def main(argv=None):
     parser.add_argument("--searches", type=int, default=PARALLEL_SEARCHES,
                         help="independent searches a request's sentences are split between, run side by side "
                         "on separate cores (about one per core a request should use)")  # fmt: skip
+    parser.add_argument("--precision", default="float32", choices=PRECISIONS,
+                        help="the weights' and matmuls' dtype: bfloat16 for CPUs with AVX-512 BF16 or AMX, float16 for "
+                        "GPUs (softmax, logits and scores stay float32)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         settings = decoding_settings(args, max_extra_length=args.max_extra_length, alignment_layer=args.alignment_layer)
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
-                        searches=args.searches)  # fmt: skip
+                        searches=args.searches, precision=args.precision)  # fmt: skip
     except ValueError as error:
         sys.exit(f"error: {error}")
     print(f"Exported to {target}")

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from export.serving import PARALLEL_SEARCHES, Translator
+from keras_transformer import Transformer
 from keras_transformer.search import DecodingSettings
 from keras_transformer.search.alignment import check_layer
 from training.run_folder import RunFolder
@@ -65,16 +66,44 @@ def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
                 writer.write(log.SerializeToString())
 
 
+# The dtypes an export's weights and matmuls may have: float32, bfloat16 for CPUs with bfloat16
+# instructions (AVX-512 BF16, AMX) and TPUs, float16 for GPUs.
+PRECISIONS = ("float32", "bfloat16", "float16")
+
+
+def in_precision(model, precision):
+    """`model`, or for a `precision` other than float32 a copy whose weights are rounded to it
+    and whose layers compute in it (Keras' `precision` dtype policy), with what the model keeps
+    in float32 under any policy: the attention's softmax, layer normalization's statistics, the
+    logits and so the search's scores (keras_transformer/attention.py, model.py)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision is one of {', '.join(PRECISIONS)}; got {precision!r}.")
+    if precision == "float32":
+        return model
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
+    try:
+        reduced = Transformer(model.config)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    for target, source in zip(reduced.weights, model.weights, strict=True):
+        assert target.shape == source.shape, (target.path, source.path)  # both built from the config, in one order
+        target.assign(keras.ops.cast(source.value, target.dtype))
+    return reduced
+
+
 def next_version(base):
     """One more than the highest numbered version under `base` (1 for a new base path)."""
     versions = [int(name) for name in os.listdir(base) if re.fullmatch(r"\d+", name)] if os.path.isdir(base) else []
     return max(versions, default=0) + 1
 
 
-def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoint=None, searches=PARALLEL_SEARCHES):
+def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoint=None, searches=PARALLEL_SEARCHES,
+           precision="float32"):  # fmt: skip
     """Exports the run's model (averaged checkpoint if it is the newest, else the latest, unless
     `checkpoint` names one) with `settings` to `base/<version>/`, its requests decoded by
-    `searches` parallel searches (export/serving.py); returns that folder."""
+    `searches` parallel searches (export/serving.py), its weights and matmuls in `precision`
+    (`in_precision`); returns that folder."""
     if searches < 1:
         raise ValueError(f"--searches must be at least 1; got {searches}.")
     if keras.config.backend() != "tensorflow":
@@ -88,6 +117,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         raise ValueError(f"{target} exists already: choose another --version.")
     run = RunFolder(run_dir)
     model, checkpoint = run.load_model(checkpoint)
+    model = in_precision(model, precision)
     check_layer(model, settings.alignment_layer)  # before the SavedModel's functions are traced
     tokenizer = run.load_tokenizer()
     run_settings, metrics = run.settings(), {}
@@ -104,6 +134,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
             "vocab_size": model.config.vocab_size,
             **dataclasses.asdict(settings),
             "searches": searches,
+            "precision": precision,
             "max_source_length": model.config.max_length,
             "checkpoint": checkpoint,
             **{key: metrics[key] for key in ("bleu", "chrf", "signature", "steps") if key in metrics},

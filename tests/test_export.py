@@ -39,7 +39,9 @@ def run_dir(cli_run):
 @pytest.fixture(scope="module")
 def exported(run_dir, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("exports"))
-    return {beam: export(run_dir, base, DecodingSettings(beam_size=beam), version=beam) for beam in (1, 4)}
+    exports = {beam: export(run_dir, base, DecodingSettings(beam_size=beam), version=beam) for beam in (1, 4)}
+    exports["bfloat16"] = export(run_dir, str(tmp_path_factory.mktemp("exports_bfloat16")), precision="bfloat16")
+    return exports
 
 
 def _project_translations(run_dir, beam_size, sentences):
@@ -49,26 +51,33 @@ def _project_translations(run_dir, beam_size, sentences):
     return translate(sentences)
 
 
-@pytest.mark.parametrize("beam_size", [1, 4])
-def test_a_process_with_only_tensorflow_and_tf_text_translates_like_the_project(beam_size, run_dir, exported, tmp_path):
+def test_a_process_with_only_tensorflow_and_tf_text_translates_like_the_project(run_dir, exported, tmp_path):
+    versions = [1, 4, "bfloat16"]
     script = (
         "import json, sys\n"
         "import tensorflow as tf\n"
         "import tensorflow_text  # the SentencePiece ops\n"
-        "loaded = tf.saved_model.load(sys.argv[1])\n"
-        "result = loaded.translate(tf.constant(json.loads(sys.argv[2])))\n"
+        "for path in sys.argv[2:]:\n"
+        "    loaded = tf.saved_model.load(path)\n"
+        "    result = loaded.translate(tf.constant(json.loads(sys.argv[1])))\n"
+        "    print(json.dumps([[t.decode() for t in result['translation'].numpy()], result['score'].numpy().tolist()]))\n"
         "assert not any(name.split('.')[0] in ('keras_transformer', 'training', 'export') for name in sys.modules)\n"
-        "print(json.dumps([[t.decode() for t in result['translation'].numpy()], result['score'].numpy().tolist()]))\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     output = subprocess.run(
-        [sys.executable, "-c", script, exported[beam_size], json.dumps(SENTENCES)],
+        [sys.executable, "-c", script, json.dumps(SENTENCES), *(exported[version] for version in versions)],
         check=True, capture_output=True, text=True, cwd=tmp_path, env=env,
     ).stdout  # fmt: skip
-    translations, scores = json.loads(output.splitlines()[-1])
-    expected_translations, expected_scores = _project_translations(run_dir, beam_size, SENTENCES)
-    assert translations == expected_translations
-    np.testing.assert_allclose(scores, expected_scores, rtol=1e-4)
+    for version, line in zip(versions, output.splitlines()[-len(versions) :], strict=True):
+        translations, scores = json.loads(line)
+        if version == "bfloat16":  # as in this process (its float32 counterpart: test_a_bfloat16_export_...)
+            loaded = tf.saved_model.load(exported[version])  # kept: its function needs its variables
+            result = loaded.translate(tf.constant(SENTENCES))
+            expected_translations, expected_scores = [t.decode() for t in result["translation"].numpy()], result["score"]
+        else:
+            expected_translations, expected_scores = _project_translations(run_dir, version, SENTENCES)
+        assert translations == expected_translations, version
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, err_msg=str(version))
 
 
 def test_the_signature_and_assets(exported):
@@ -379,9 +388,10 @@ def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming
         signature._call_flat([tf.constant([1.0])], signature.captured_inputs)
 
 
-def test_every_op_is_registered_by_tensorflow_or_tf_text_and_none_is_xla(exported):
+@pytest.mark.parametrize("version", [4, "bfloat16"])
+def test_every_op_is_registered_by_tensorflow_or_tf_text_and_none_is_xla(exported, version):
     saved_model = saved_model_pb2.SavedModel()
-    with open(os.path.join(exported[4], "saved_model.pb"), "rb") as f:
+    with open(os.path.join(exported[version], "saved_model.pb"), "rb") as f:
         saved_model.ParseFromString(f.read())
     graph = saved_model.meta_graphs[0].graph_def
     ops = {node.op for node in graph.node}
@@ -392,6 +402,26 @@ def test_every_op_is_registered_by_tensorflow_or_tf_text_and_none_is_xla(exporte
     unregistered = {op for op in ops - defined if op_def_registry.get(op) is None}
     assert not unregistered
     assert "SentencepieceOp" in ops and not {op for op in ops if op.startswith("Xla")}
+
+
+def test_a_bfloat16_export_holds_bfloat16_weights_and_translates_as_float32_on_most_sentences(exported):
+    import random
+
+    from training.synthetic import sentence_pair
+
+    rng = random.Random(1)
+    sentences = SENTENCES + [sentence_pair(rng)[0] for _ in range(45)]
+    reduced, full = tf.saved_model.load(exported["bfloat16"]), tf.saved_model.load(exported[4])
+    kernels = [v for v in reduced.model_variables if v.name.endswith("kernel:0") or "embedding" in v.name]
+    assert kernels and {v.dtype for v in kernels} == {tf.bfloat16} and {v.dtype for v in full.model_variables} == {tf.float32}
+    with open(os.path.join(exported["bfloat16"], "assets", "metadata.json")) as f:
+        assert json.load(f)["precision"] == "bfloat16"
+    ours, theirs = (model.translate(tf.constant(sentences)) for model in (reduced, full))
+    assert ours["score"].dtype == tf.float32
+    same = ours["translation"].numpy() == theirs["translation"].numpy()
+    # bfloat16 keeps 8 bits of mantissa: where two continuations are close, the search may take the other.
+    assert np.mean(same) >= 0.8, np.mean(same)
+    np.testing.assert_allclose(ours["score"].numpy()[same], theirs["score"].numpy()[same], atol=0.05)
 
 
 def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):

@@ -23,7 +23,6 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
     one = tf.function(search, input_signature=unknown_batch)
     graphs = {  # graphs that do not know the batch size (as served) and one that does (its slices' too)
         "2 searches": tf.function(lambda ids: in_parallel(search, ids, 2), input_signature=unknown_batch),
-        "3 searches": tf.function(lambda ids: in_parallel(search, ids, 3), input_signature=unknown_batch),
         "2 searches, static batch": tf.function(lambda ids: in_parallel(search, ids, 2)),
     }
     for batch in (0, 1, 3):  # some of the searches get no sentence
@@ -36,3 +35,22 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
             assert result.tokens.shape == expected.tokens.shape, name
             np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg=name)
             np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_a_model_in_reduced_precision_decodes_as_float32_on_most_sentences(precision, reversal_model):
+    from export.saved_model import in_precision
+
+    model, _, sources, _ = reversal_model
+    reduced = in_precision(model, precision)
+    assert {weight.dtype for weight in reduced.weights} == {precision} and reduced.decoder.layers[0].compute_dtype == precision
+    assert in_precision(model, "float32") is model and keras.config.dtype_policy().name == "float32"
+    for beam_size in (1, 4):
+        settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
+        expected, result = (tf.function(lambda s, m=m: decode(m, s, settings, SERVED_EXECUTION))(sources) for m in (model, reduced))
+        assert result.scores.dtype == "float32"
+        same = np.all(result.tokens.numpy() == expected.tokens.numpy(), axis=-1)
+        assert np.mean(same) >= 0.9, (beam_size, np.mean(same))
+        np.testing.assert_allclose(result.scores.numpy()[same], expected.scores.numpy()[same], atol=0.05)
+    with pytest.raises(ValueError, match="--precision is one of float32, bfloat16, float16; got 'int8'"):
+        in_precision(model, "int8")
