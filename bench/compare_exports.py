@@ -1,7 +1,7 @@
 """SavedModels of `python -m export` side by side in one process: the same requests to each in
 turn, round after round (the order reversed every other round), with each one's sentences per
 second, its ratio to the first export's in the same round, and the share of its translations
-equal to the first's.
+equal to the first's (and each one's cased BLEU when FILE holds references).
 
     python -m bench.compare_exports --sentences FILE BASE/1 OTHER/1 [--batch 32] [--rounds 10]
     python -m bench.compare_exports --smoke                # seconds: a 2-step tiny run
@@ -32,13 +32,17 @@ from bench.common import emit, run_isolated  # noqa: E402
 
 
 def read_sources(path, limit):
-    """The first `limit` source sentences of a file of sentences or of JSON `[source, reference]` lines."""
+    """The first `limit` source sentences of a file of sentences or of JSON `[source, reference]`
+    lines, and their references (None for plain sentences)."""
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()[:limit]
-    return [json.loads(line)[0] if line.startswith("[") else line for line in lines]
+    if not lines or not lines[0].startswith("["):
+        return lines, None
+    pairs = [json.loads(line) for line in lines]
+    return [source for source, _ in pairs], [reference for _, reference in pairs]
 
 
-def compare(export_dirs, sources, batch, rounds):
+def compare(export_dirs, sources, batch, rounds, references=None):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
 
@@ -54,6 +58,11 @@ def compare(export_dirs, sources, batch, rounds):
     requests = [tf.constant(sources[i : i + batch]) for i in range(0, len(sources), batch)]
     outputs = [[serve(text=request)["translation"].numpy() for request in requests] for serve in serves]
     same = [sum(int((a == b).sum()) for a, b in zip(outputs[0], output)) / len(sources) for output in outputs]
+    bleu = [None] * len(serves)
+    if references:
+        from training.evaluate import score
+
+        bleu = [score([t.decode() for part in output for t in part], references)["bleu"] for output in outputs]
 
     ratios = [[] for _ in serves]
     for round_ in range(rounds):
@@ -68,11 +77,12 @@ def compare(export_dirs, sources, batch, rounds):
         emit({"benchmark": "compare_exports", "round": round_, "batch": batch, "sentences": len(sources),
               "sentences_per_s_each": [round(speed, 1) for speed in speeds],
               "ratios": [round(ratio[-1], 3) for ratio in ratios]})  # fmt: skip
-    for export_dir, ratio, share in list(zip(export_dirs, ratios, same))[1:]:
+    for export_dir, ratio, share, export_bleu in list(zip(export_dirs, ratios, same, bleu))[1:]:
         emit({"benchmark": "compare_exports_summary", "export": export_dir, "baseline": export_dirs[0],
               "batch": batch, "rounds": rounds, "median_ratio": round(statistics.median(ratio), 3),
               "min_ratio": round(min(ratio), 3), "max_ratio": round(max(ratio), 3),
-              "same_translations": round(share, 4)})  # fmt: skip
+              "same_translations": round(share, 4),
+              **({"bleu": export_bleu, "baseline_bleu": bleu[0]} if references else {})})  # fmt: skip
 
 
 def main():
@@ -97,7 +107,8 @@ def main():
         return
     if len(args.exports) < 2 or not args.sentences:
         parser.error("two or more exports and --sentences are needed (or --smoke)")
-    compare(args.exports, read_sources(args.sentences, args.limit), args.batch, args.rounds)
+    sources, references = read_sources(args.sentences, args.limit)
+    compare(args.exports, sources, args.batch, args.rounds, references)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ batch, as two processes of two host devices each joined on 127.0.0.1 (JAX's mult
 runtime, gloo collectives) and as one process of four host devices, in target tokens per second
 per device, the two setups alternating in one run.
 
-    python -m bench.multihost                 # small config, 64 pairs of 32 + 32 tokens
+    python -m bench.multihost                 # small config, 256 pairs of 32 + 32 tokens
+    python -m bench.multihost --batch 64 --steps 20   # a quarter of it: the per-step cost weighs more
     python -m bench.multihost --smoke         # seconds: a one-layer model
 
 Each process feeds its own rows of the global batch (`jax.make_array_from_process_local_data`),
@@ -90,10 +91,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="small")
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--batch", type=int, default=64, help="rows of the global batch")
+    # 256 x 32 target tokens: 2,048 a device, near the paper's 25,000 over 8 GPUs (about 3,100 each).
+    parser.add_argument("--batch", type=int, default=256, help="rows of the global batch")
     parser.add_argument("--length", type=int, default=32, help="source and target tokens per row")
-    parser.add_argument("--steps", type=int, default=20, help="steps timed, after 2 of warm-up")
-    parser.add_argument("--rounds", type=int, default=2, help="times each setup runs, alternating")
+    parser.add_argument("--steps", type=int, default=6, help="steps timed, after 2 of warm-up")
+    parser.add_argument("--rounds", type=int, default=3, help="times each setup runs, alternating")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
