@@ -195,7 +195,8 @@ class Translator(tf.Module):
 
         specs = [IDS_SPEC, *(tf.TensorSpec([None], value.dtype) for value in (seed, temperature, top_k, top_p)),
                  tf.TensorSpec([], tf.int32)]  # fmt: skip
-        return in_parallel(self._function("sample", sample, specs), (source_ids, seed, temperature, top_k, top_p), self.searches, (samples,))
+        batched = (source_ids, seed, temperature, top_k, top_p)  # one row per sentence
+        return in_parallel(self._function("sample", sample, specs), batched, self.searches, shared=(samples,))
 
     def _function(self, key, search, specs):
         """One tf.function per kind of search, so that the signatures that search alike share its

@@ -479,6 +479,10 @@ def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_an
     np.testing.assert_array_equal(alone.tokens[0], np.asarray(sampled.tokens)[2, :, : alone.tokens.shape[2]])
     other = sample_search(model, sources, seeds + 10, num_samples=3, temperature=2.0, max_extra_length=4)
     assert np.any(np.asarray(other.tokens) != np.asarray(sampled.tokens))
+    prefixed = sample_search(model, sources, seeds, num_samples=3, temperature=2.0, max_extra_length=4,
+                             target_prefix=np.array([[5, 6], [7, 0], [0, 0], [8, 9]], "int32"))  # fmt: skip
+    starts = np.asarray(prefixed.tokens)[:, :, :2]
+    assert np.all(starts[[0, 3]] == np.array([[5, 6], [8, 9]])[:, None]) and np.all(starts[1, :, 0] == 7)
     with pytest.raises(ValueError, match="temperature > 0.*got temperature -1.0"):
         SamplingSettings(temperature=-1.0)
 

@@ -3,9 +3,9 @@ cache; and sampling.
 
 `decode(model, source_ids, settings)` is the one entry point for translations: evaluation,
 export, benchmarks and the notebook call it with a `DecodingSettings`, whose defaults are the
-paper's; `sample_search` draws outputs at random. The encoder runs
-once; the decoder advances one position per step from its cache, which the model creates, writes
-and reorders (keras_transformer/cache.py): a search never looks inside it (`DecodingModel`).
+paper's; `sample_search` draws outputs at random. The encoder runs once; the decoder advances
+one position per step from its cache, which the model creates, writes and reorders
+(keras_transformer/cache.py): a search never looks inside it (`DecodingModel`).
 Written in `keras.ops`, so it runs under TensorFlow and under JAX; how it runs on a device (the
 cache's layout, dropping finished sentences, the top-k kernel) is an `Execution`.
 

@@ -1,5 +1,5 @@
 """Greedy search: the most likely token at each step; and the search it is an instance of, which
-keeps one output per sentence and extends it by a token a rule picks (sampling is another).""" 
+keeps one output per sentence and extends it by a token a rule picks (sampling is another)."""
 
 import collections
 
