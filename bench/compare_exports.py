@@ -4,7 +4,7 @@ second, its ratio to the first export's in the same round, and the share of its 
 equal to the first's (and each one's cased BLEU when FILE holds references).
 
     python -m bench.compare_exports --sentences FILE BASE/1 OTHER/1 [--batch 32] [--rounds 10]
-    python -m bench.compare_exports --smoke                # seconds: a 2-step tiny run
+    python -m bench.compare_exports --smoke                # seconds: the smoke export against itself
 
 Alternating processes (bench.real_serving) move by up to 20% from one to the next on a shared
 2-core machine; in one process a round's drift hits every export alike, so the median of ten
@@ -95,11 +95,10 @@ def main():
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     if args.smoke:
-        from bench.serving import export_search, train_smoke_run
+        from bench import smoke
 
         with tempfile.TemporaryDirectory() as scratch:  # one export against itself, in a fresh process (its threads)
-            run_dir = train_smoke_run(scratch)
-            exported = export_search(run_dir, os.path.join(scratch, "exports"), max_extra_length=4)
+            exported = smoke.export(scratch)
             sentences = os.path.join(scratch, "sentences.txt")
             with open(sentences, "w") as f:
                 f.write("a small test\nanother sentence here\nand a third\n")

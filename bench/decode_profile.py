@@ -2,7 +2,7 @@
 by op type, with their count and time, under TensorFlow's profiler.
 
     python -m bench.decode_profile --export-dir exports/demo/1 --sentences FILE [--batch 32]
-    python -m bench.decode_profile --smoke                 # seconds: a 2-step tiny run
+    python -m bench.decode_profile --smoke                 # seconds: the smoke export (bench/smoke.py)
 
 The signature `serving_default` translates the first --batch sentences of FILE (one a line; for
 a run's test split, `bench.real_serving` writes such pairs) under the README's TF Serving threads,
@@ -87,12 +87,10 @@ def main():
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     if args.smoke:
-        from bench.serving import train_smoke_run
-        from export.saved_model import export
-        from keras_transformer.search import DecodingSettings
+        from bench import smoke
 
         with tempfile.TemporaryDirectory() as scratch:  # the profile in a fresh process: its threads are set at start
-            exported = export(train_smoke_run(scratch), os.path.join(scratch, "exports"), DecodingSettings(max_extra_length=4))
+            exported = smoke.export(scratch)
             sentences = os.path.join(scratch, "sentences.txt")
             with open(sentences, "w") as f:
                 f.write("a small test\nanother sentence here\n")

@@ -4,7 +4,7 @@ decode the same).
 
     python -m bench.real_serving --run-dir runs/demo            # the README's demo model
     python -m bench.real_serving --run-dir runs/multi30k        # a multi30k-preset model
-    python -m bench.real_serving --smoke                        # seconds: a 2-step tiny run
+    python -m bench.real_serving --smoke                        # seconds: the smoke export (bench/smoke.py)
 
 The run is exported as `python -m export` does (once per --beam-sizes: 4 is the paper's beam
 search with alpha 0.6, 1 greedy; a beam search once per --stopping rule: "exact", the default,
@@ -121,9 +121,10 @@ def worker(args):
     })  # fmt: skip
 
 
-def prepare(run_dir, scratch, args):
-    """Exports the run for each beam size (and stopping rule), converts it for CTranslate2 and
-    writes the test pairs; returns the exports, the CTranslate2 folder and the pairs' file."""
+def prepare(run_dir, scratch, args, exports=None):
+    """Exports the run for each beam size (and stopping rule) unless `exports` are given,
+    converts it for CTranslate2 and writes the test pairs; returns the exports, the CTranslate2
+    folder and the pairs' file."""
     from bench import ctranslate2_reference
     from bench.serving import export_search
     from keras_transformer.search import DecodingSettings
@@ -134,8 +135,8 @@ def prepare(run_dir, scratch, args):
     sentences = os.path.join(scratch, "test.jsonl")
     with open(sentences, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
-    exports = {}  # {(beam size, stopping rule): export folder}; greedy search has no rule
-    for size in args.beam_sizes:
+    exports = {} if exports is None else exports  # {(beam size, stopping rule): export folder}; greedy has no rule
+    for size in args.beam_sizes if not exports else []:
         for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
             base = os.path.join(scratch, f"beam{size}_{stopping}")
             exports[size, stopping] = export_search(run_dir, base, args.max_extra_length, beam_size=size, stopping=stopping)
@@ -170,7 +171,7 @@ def compare(exports, ctranslate2_dir, sentences, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", help="a run folder of training.train")
-    parser.add_argument("--smoke", action="store_true", help="a 2-step tiny run, a few sentences, one round, one search")
+    parser.add_argument("--smoke", action="store_true", help="the smoke export, a few sentences, one round")
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--stopping", default="exact,first_k", help="beam search's stopping rules measured")
     parser.add_argument("--batch-sizes", default="32,1")
@@ -190,12 +191,13 @@ def main():
     args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
     args.stopping = args.stopping.split(",")
     with tempfile.TemporaryDirectory() as scratch:
-        if args.smoke:
-            from bench.serving import train_smoke_run
+        if args.smoke:  # the smoke export (beam 4, the exact rule), a few sentences, one round
+            from bench import smoke
 
-            args.run_dir, args.limit, args.rounds, args.max_extra_length = train_smoke_run(scratch), 8, 1, 4
-            args.beam_sizes, args.stopping, args.batch_sizes = [4], ["first_k"], [4]
-        elif not args.run_dir:
+            args.limit, args.rounds, args.batch_sizes = 8, 1, [4]
+            compare(*prepare(smoke.run(scratch), scratch, args, {(4, "exact"): smoke.export(scratch)}), args)
+            return
+        if not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
         compare(*prepare(args.run_dir, scratch, args), args)
 

@@ -2,7 +2,7 @@
 and batch 32.
 
     python -m bench.serving --run-dir runs/multi30k   # exports the run, then measures it
-    python -m bench.serving --smoke                   # seconds: a 2-step tiny run (the test suite)
+    python -m bench.serving --smoke                   # seconds: the smoke export (bench/smoke.py)
 
 The run is exported with `python -m export`'s code for each --beam-sizes (4 is the paper's beam
 search, 1 greedy). Each export is measured in a fresh process, as a server starts it:
@@ -32,26 +32,6 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (the SentencePiece ops of the SavedModel)
 
 from bench.common import emit, peak_rss_mb, run_isolated  # noqa: E402
-
-SMOKE_TRAINING = ["--steps", "2", "--steps-per-call", "1", "--checkpoint-every", "2", "--batch-tokens", "256",
-                  "--max-length", "24", "--vocab-size", "200", "--strategy", "cpu", "--no-evaluate"]  # fmt: skip
-
-
-# A finished smoke run to reuse, which the smoke modes only read (tests/test_bench.py trains one for all).
-SMOKE_RUN_VARIABLE = "KERAS_TRANSFORMER_SMOKE_RUN"
-
-
-def train_smoke_run(scratch):
-    """A 2-step tiny run for the smoke modes; returns its folder: the one $KERAS_TRANSFORMER_SMOKE_RUN
-    names, else one trained in `scratch`."""
-    from training import train
-
-    if os.environ.get(SMOKE_RUN_VARIABLE):
-        return os.environ[SMOKE_RUN_VARIABLE]
-    run_dir = os.path.join(scratch, "run")
-    train.train(train.parse_args(["--run-dir", run_dir, *SMOKE_TRAINING]))
-    return run_dir
-
 
 def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=True):
     if serving_threads:
@@ -126,15 +106,19 @@ def export_search(run_dir, base, max_extra_length=None, **settings):
     return export(run_dir, base, DecodingSettings(**settings))
 
 
-def export_and_measure(run_dir, scratch, args):
+def export_and_measure(run_dir, scratch, args, export_dirs=None):
+    """Exports the run for each of `args.beam_sizes` (unless `export_dirs` are given) and
+    measures each export in a process of its own on the run's test sources."""
     from training.run_folder import RunFolder
 
     sources = [source for source, _ in RunFolder(run_dir).load_corpus().text_pairs("test")]
     sentences_path = os.path.join(scratch, "sentences.txt")
     with open(sentences_path, "w", encoding="utf-8") as f:
         f.writelines(sentence + "\n" for sentence in sources)
-    for beam_size in args.beam_sizes:
-        export_dir = export_search(run_dir, os.path.join(scratch, f"beam{beam_size}"), args.max_extra_length, beam_size=beam_size)
+    if export_dirs is None:
+        export_dirs = [export_search(run_dir, os.path.join(scratch, f"beam{size}"), args.max_extra_length, beam_size=size)
+                       for size in args.beam_sizes]  # fmt: skip
+    for export_dir in export_dirs:
         run_isolated("bench.serving", [f"--only={export_dir}", f"--sentences={sentences_path}",
                                        f"--batch-sizes={','.join(map(str, args.batch_sizes))}", f"--requests={args.requests}"])  # fmt: skip
 
@@ -142,7 +126,7 @@ def export_and_measure(run_dir, scratch, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", help="a run folder of training.train")
-    parser.add_argument("--smoke", action="store_true", help="a 2-step tiny run, few requests")
+    parser.add_argument("--smoke", action="store_true", help="the smoke export (bench/smoke.py), few requests")
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--batch-sizes", default="1,32")
     parser.add_argument("--requests", type=int, default=50, help="timed requests per batch size")
@@ -158,10 +142,13 @@ def main():
         measure(args.only, args.sentences, args.batch_sizes, args.requests, serving_threads=not args.tensorflow_threads)
         return
     with tempfile.TemporaryDirectory() as scratch:
-        if args.smoke:
-            args.run_dir, args.requests, args.max_extra_length = train_smoke_run(scratch), 3, 4
-            args.beam_sizes = [4]  # one export: the smoke run checks the script, not greedy search
-        elif not args.run_dir:
+        if args.smoke:  # one export: the smoke mode checks the script, not greedy search
+            from bench import smoke
+
+            args.requests = 3
+            export_and_measure(smoke.run(scratch), scratch, args, [smoke.export(scratch)])
+            return
+        if not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
         export_and_measure(args.run_dir, scratch, args)
 

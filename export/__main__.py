@@ -10,8 +10,10 @@ import sys
 
 from training.quiet import quiet_tensorflow
 
+# The served graph is TensorFlow's, whichever backend trained the run. Set before TensorFlow is
+# imported: importing it imports Keras, which fixes its backend then.
+os.environ["KERAS_BACKEND"] = "tensorflow"
 quiet_tensorflow()
-os.environ["KERAS_BACKEND"] = "tensorflow"  # the served graph is TensorFlow's, whichever backend trained the run
 
 from export.saved_model import PRECISIONS, export  # noqa: E402
 from export.serving import PARALLEL_SEARCHES  # noqa: E402

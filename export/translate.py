@@ -20,6 +20,7 @@ import sys
 
 from training.quiet import quiet_tensorflow
 
+os.environ["KERAS_BACKEND"] = "tensorflow"  # a SavedModel runs on TensorFlow (as in export/__main__.py)
 quiet_tensorflow()
 
 import tensorflow as tf  # noqa: E402

@@ -1,9 +1,10 @@
 """Runs under either Keras backend, in its own process (tests choose KERAS_BACKEND and XLA_FLAGS):
 
-    step IN_WEIGHTS BATCH STEPS OUT [POLICY]
+    step IN_WEIGHTS BATCH STEPS OUT [POLICY [DEVICES]]
                                            train STEPS steps of the product's backend step on one
                                            batch (npz) from weights in IN_WEIGHTS (.weights.h5),
-                                           under a Keras dtype POLICY (default float32); write
+                                           under a Keras dtype POLICY (default float32), over the
+                                           first DEVICES host devices (JAX; default all); write
                                            OUT.weights.h5 and OUT.json (losses, replicas)
     translate RUN_DIR SOURCES_JSON         greedy and beam search of the run's model, compiled for
                                            the backend, on sentences; prints JSON
@@ -14,13 +15,19 @@
                                            tokens and scores
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
+    train ...FLAGS, evaluate ...FLAGS      training.train's and training.evaluate's main
     remote RUN_DIR ...FLAGS                train 4 steps, then on to 8 (resuming), and average, in a
                                            run folder on a non-POSIX filesystem (ram://); prints JSON
     two-shares RUN_DIR ...FLAGS            train with FLAGS in this one process on global batches
                                            made as two processes make them: rows of share 0 of
                                            2, then rows of share 1, of one scheduled bucket
+    session COMMANDS_JSON                  the commands [[name, ...args], ...] one after another in
+                                           this one process, each but `step` on its first host
+                                           device; prints a JSON list of what each printed
 """
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -33,17 +40,17 @@ from keras_transformer import TransformerConfig
 from keras_transformer.search import DecodingSettings, sample_search
 from keras_transformer.search import decode as decode_with
 from training import backends, data, evaluate, shards
-from training import train as train_module
 from training.run_folder import RunFolder
 from training.schedule import TransformerSchedule, paper_optimizer
 from training.train import parse_args, train
 
 
-def step(weights_path, batch_path, steps, out, policy="float32"):
+def step(weights_path, batch_path, steps, out, policy="float32", devices=None):
     with open(weights_path.replace(".weights.h5", ".json")) as f:
         config = TransformerConfig.from_dict(json.load(f))
     keras.mixed_precision.set_global_policy(policy)  # mixed_float16 gets loss scaling (TensorFlow)
-    backend = backends.create("cpu")
+    with first_devices(devices):
+        backend = backends.create("cpu")
     backend.build(config, lambda: paper_optimizer(TransformerSchedule(config.d_model, warmup_steps=10)))
     backend.model.load_weights(weights_path)
     backend.compile(label_smoothing=0.1)
@@ -56,6 +63,23 @@ def step(weights_path, batch_path, steps, out, policy="float32"):
     with open(out + ".json", "w") as f:
         json.dump({"losses": losses, "replicas": backend.num_replicas, "backend": backend.name,
                    "optimizer": type(backend.optimizer).__name__}, f)  # fmt: skip
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@contextlib.contextmanager
+def first_devices(count):
+    """While open, JAX trains on the first `count` of this process' host devices (all if None)."""
+    if count is None:
+        yield
+        return
+    from training.backends import jax as jax_backend
+
+    every = jax_backend.training_devices
+    jax_backend.training_devices = lambda name: every(name)[: int(count)]
+    try:
+        yield
+    finally:
+        jax_backend.training_devices = every
 
 
 def decode(weights_path, sources_path):
@@ -139,7 +163,10 @@ def remote(run_dir, *flags):
                       "averaged": averaged, "loaded": loaded}))  # fmt: skip
 
 
-def two_shares(run_dir, *flags):
+@contextlib.contextmanager
+def batches_of_two_shares():
+    """While open, `training.train` trains in this one process on global batches made as two
+    processes make them: rows of share 0 of 2, then rows of share 1, of one scheduled bucket."""
     batches_of_a_share = data.training_batches
 
     def global_batches(tokenized, *, batch_tokens, max_length, batch_multiple, schedule):
@@ -154,9 +181,32 @@ def two_shares(run_dir, *flags):
         ]  # fmt: skip
         return tf.data.Dataset.zip(*halves).map(lambda first, second: {k: tf.concat([first[k], second[k]], 0) for k in first})
 
-    train_module.data.training_batches = global_batches
-    train(parse_args(["--run-dir", run_dir, *flags]))
+    data.training_batches = global_batches
+    try:
+        yield
+    finally:
+        data.training_batches = batches_of_a_share
 
+
+def two_shares(run_dir, *flags):
+    with batches_of_two_shares():
+        train(parse_args(["--run-dir", run_dir, *flags]))
+
+
+def session(commands):
+    outputs = []
+    for name, *args in json.loads(commands):
+        printed = io.StringIO()
+        # One device, as a process of its own would have, but for the steps that say how many.
+        with contextlib.redirect_stdout(printed), first_devices(None if name == "step" else 1):
+            COMMANDS[name](*args)
+        outputs.append(printed.getvalue())
+    print(json.dumps(outputs))
+
+
+COMMANDS = {"step": step, "decode": decode, "translate": translate, "crash-mid-save": crash_mid_save, "remote": remote,
+            "two-shares": two_shares, "session": session, "train": lambda *argv: train(parse_args(list(argv))),
+            "evaluate": lambda *argv: evaluate.main(list(argv))}  # fmt: skip
 
 if __name__ == "__main__":
-    {"step": step, "decode": decode, "translate": translate, "crash-mid-save": crash_mid_save, "two-shares": two_shares, "remote": remote}[sys.argv[1]](*sys.argv[2:])
+    COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -101,70 +101,30 @@ def run_under(backend, *args, devices=1):
     result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
-# A small, fast command-line run: no dropout, so that two runs over the same data give the same
-# weights. Tests add the flags they need (--backend, --steps, evaluation).
-FAST_TRAINING = ["--steps", "40", "--checkpoint-every", "8", "--steps-per-call", "4", "--dropout", "0",
-                 "--batch-tokens", "512", "--max-length", "24", "--vocab-size", "500", "--strategy", "cpu"]  # fmt: skip
-
-
-def train_command(run_dir, *extra):
-    import sys
-
-    return [sys.executable, "-m", "training.train", "--run-dir", str(run_dir), *FAST_TRAINING, *extra]
 
 
 @pytest.fixture(scope="session")
-def cli_run(tmp_path_factory):
-    """One TensorFlow run of `python -m training.train` with FAST_TRAINING, dev BLEU every 16
-    steps on 20 sentences and test BLEU at the end, shared by the tests that read a trained run
-    folder (the resume reference, the command-line tests, export). Tests that change a run folder
-    copy it first."""
-    import subprocess
+def artifacts():
+    """The suite's shared runs and exports (tests/artifacts.py), made once for this code. Read
+    only: a test that changes a run folder copies it first. Subprocesses (the benchmarks' smoke
+    modes) find the run and the beam-4 export through bench/smoke.py's variables."""
+    import artifacts as shared
 
-    path = tmp_path_factory.mktemp("cli_run") / "run"
-    subprocess.run(train_command(path, "--eval-every", "16", "--eval-sentences", "20"), check=True, cwd=ROOT,
-                   capture_output=True)  # fmt: skip
-    return path
+    from bench import smoke
+
+    made = shared.ensure()
+    os.environ[smoke.RUN_VARIABLE], os.environ[smoke.EXPORT_VARIABLE] = made.tf_run, made.exports[4]
+    return made
 
 
 @pytest.fixture(scope="session")
-def reversal_model(tmp_path_factory):
-    """A tiny Transformer trained for some seconds to reverse 2 to 8 tokens (a model whose outputs
-    end at different lengths, for decoding tests), its weights file, and 48 test sources."""
-    from keras_transformer import BOS_ID, EOS_ID, Transformer, TransformerConfig
-    from training.loss import smoothed_cross_entropy
+def reversal_model(artifacts):
+    """The shared reversal model (tests/artifacts.py: a model whose outputs end at different
+    lengths, for decoding tests): (model, its weights file, 48 test sources)."""
+    from keras_transformer import Transformer, TransformerConfig
 
-    keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    config = TransformerConfig.tiny(24, num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.0)
-    model = Transformer(config)
-    optimizer = keras.optimizers.Adam(3e-3)
-
-    def pairs(n):
-        source, target_input, target_output = (np.zeros((n, 10), "int32") for _ in range(3))
-        for row, length in enumerate(rng.integers(2, 9, size=n)):
-            tokens = rng.integers(4, config.vocab_size, size=length)
-            source[row, : length + 1] = [*tokens, EOS_ID]
-            target_input[row, : length + 1] = [BOS_ID, *tokens[::-1]]
-            target_output[row, : length + 1] = [*tokens[::-1], EOS_ID]
-        return source, target_input, target_output
-
-    @tf.function
-    def train_step(source, target_input, target_output):
-        with tf.GradientTape() as tape:
-            loss_sum, tokens = smoothed_cross_entropy(target_output, model((source, target_input), training=True), 0.0)
-            loss = loss_sum / tokens
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
-
-    for _ in range(REVERSAL_STEPS):
-        loss = train_step(*pairs(64))
-    weights = str(tmp_path_factory.mktemp("reversal") / "model.weights.h5")
-    model.save_weights(weights)
-    with open(weights.replace(".weights.h5", ".json"), "w") as f:  # as tests/backend_worker.py reads it
-        json.dump(config.to_dict(), f)
-    return model, weights, pairs(48)[0], float(loss)
-
-
-REVERSAL_STEPS = 400
+    with open(os.path.join(artifacts.reversal, "model.json")) as f:
+        model = Transformer(TransformerConfig.from_dict(json.load(f)))
+    weights = os.path.join(artifacts.reversal, "model.weights.h5")
+    model.load_weights(weights)
+    return model, weights, np.load(os.path.join(artifacts.reversal, "sources.npy"))

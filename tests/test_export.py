@@ -1,3 +1,4 @@
+import io
 import json
 import os
 import signal
@@ -27,21 +28,19 @@ SENTENCES = [
 BAD_INPUTS = ["", "   \t ", "word " * 20000, "bytes \xff\xfe that are not UTF-8", "日本語のテキスト"]
 
 
-# Every test here exports the shared trained run (conftest's cli_run).
+# Every test here reads the suite's shared run and its exports (tests/artifacts.py).
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def run_dir(cli_run):
-    return str(cli_run)
+def run_dir(artifacts):
+    return artifacts.tf_run
 
 
 @pytest.fixture(scope="module")
-def exported(run_dir, tmp_path_factory):
-    base = str(tmp_path_factory.mktemp("exports"))
-    exports = {beam: export(run_dir, base, DecodingSettings(beam_size=beam), version=beam) for beam in (1, 4)}
-    exports["bfloat16"] = export(run_dir, str(tmp_path_factory.mktemp("exports_bfloat16")), precision="bfloat16")
-    return exports
+def exported(artifacts):
+    """{1: greedy, 4: beam 4, "bfloat16", "float16": beam 4 in those precisions}: version folders."""
+    return artifacts.exports
 
 
 def _project_translations(run_dir, beam_size, sentences):
@@ -51,8 +50,23 @@ def _project_translations(run_dir, beam_size, sentences):
     return translate(sentences)
 
 
-def test_a_process_with_only_tensorflow_and_tf_text_translates_like_the_project(run_dir, exported, tmp_path):
-    versions = [1, 4, "bfloat16"]
+def _sentences():
+    """SENTENCES and 45 more of the built-in corpus' kind."""
+    import random
+
+    from training.synthetic import sentence_pair
+
+    rng = random.Random(1)
+    return SENTENCES + [sentence_pair(rng)[0] for _ in range(45)]
+
+
+def test_a_fresh_process_with_only_tensorflow_and_tf_text_and_no_onednn_translates_like_the_project(run_dir, exported,
+                                                                                                    tmp_path):  # fmt: skip
+    """Every export, loaded where only stock TensorFlow kernels run (oneDNN off), as a server
+    would: the float32 ones translate as the project's search, the bfloat16 and float16 ones as
+    float32 on most sentences."""
+    versions = [1, 4, "bfloat16", "float16"]
+    sentences = _sentences()
     script = (
         "import json, sys\n"
         "import tensorflow as tf\n"
@@ -65,19 +79,25 @@ def test_a_process_with_only_tensorflow_and_tf_text_translates_like_the_project(
     )
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     output = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(SENTENCES), *(exported[version] for version in versions)],
-        check=True, capture_output=True, text=True, cwd=tmp_path, env=env,
+        [sys.executable, "-c", script, json.dumps(sentences), *(exported[version] for version in versions)],
+        check=True, capture_output=True, text=True, cwd=tmp_path, env={**env, "TF_ENABLE_ONEDNN_OPTS": "0"}, timeout=600,
     ).stdout  # fmt: skip
-    for version, line in zip(versions, output.splitlines()[-len(versions) :], strict=True):
-        translations, scores = json.loads(line)
-        if version == "bfloat16":  # as in this process (its float32 counterpart: test_a_bfloat16_export_...)
-            loaded = tf.saved_model.load(exported[version])  # kept: its function needs its variables
-            result = loaded.translate(tf.constant(SENTENCES))
-            expected_translations, expected_scores = [t.decode() for t in result["translation"].numpy()], result["score"]
-        else:
-            expected_translations, expected_scores = _project_translations(run_dir, version, SENTENCES)
-        assert translations == expected_translations, version
-        np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, err_msg=str(version))
+    served = dict(zip(versions, (json.loads(line) for line in output.splitlines()[-len(versions) :]), strict=True))
+    for beam_size in (1, 4):
+        translations, scores = served[beam_size]
+        expected_translations, expected_scores = _project_translations(run_dir, beam_size, sentences)
+        assert translations == expected_translations, beam_size
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, err_msg=str(beam_size))
+    # The model's scores depend on the sentence: agreement below is not that of a constant. (Its
+    # translations do not yet: the shared run is trained for 40 steps.)
+    assert len(set(np.round(served[4][1], 3))) >= len(sentences) // 2, served[4][1]
+    full_translations, full_scores = map(np.array, served[4])
+    for precision in ("bfloat16", "float16"):
+        translations, scores = map(np.array, served[precision])
+        same = translations == full_translations
+        # 8 (bfloat16) or 11 (float16) bits of mantissa: where two continuations are close, the search may take the other.
+        assert np.mean(same) >= 0.8, (precision, np.mean(same))
+        np.testing.assert_allclose(scores[same], full_scores[same], rtol=0.01, err_msg=precision)  # about 0.4% an op
 
 
 def test_the_signature_and_assets(exported):
@@ -117,23 +137,36 @@ def test_saved_model_cli_shows_the_signature_and_runs_it(exported):
 
 
 def _rest_body_through_signature(signature, body):
-    """The conversion TF Serving's REST predict API makes, around a call of `signature`: a JSON
-    request body (`instances`, the row format, or `inputs`, the column format) to the signature's
-    named tensors, and its outputs to the JSON response body (`predictions` rows, or `outputs`
-    columns). Not a server: what it checks is that the signature's names, dtypes and shapes
-    fit those body formats."""
+    """The conversion TF Serving's REST predict API makes, around a call of `signature`, with its
+    rules: a JSON request body (`instances`, the row format, or `inputs`, the column format) to
+    the signature's named tensors, and its outputs to the JSON response body (`predictions`
+    rows, or `outputs` columns). Not a server: what it checks is that the signature's names,
+    dtypes and shapes fit those body formats. A body the server refuses raises ValueError."""
     request = json.loads(body)
     specs = signature.structured_input_signature[1]
     if "instances" in request:  # each instance is one value of each input: bare with one input, else {name: value}
-        values = {name: [row[name] if isinstance(row, dict) else row for row in request["instances"]] for name in specs}
+        rows = request["instances"]
+        named = {isinstance(row, dict) for row in rows}
+        if named == {True, False} or (len(specs) > 1 and False in named):
+            raise ValueError("instances must all be objects naming the inputs (or, with one input, all bare values)")
+        if True in named and any(set(row) != set(specs) for row in rows):
+            raise ValueError(f"each instance must name every input: {sorted(specs)}")
+        values = {name: [row[name] if isinstance(row, dict) else row for row in rows] for name in specs}
     else:  # one value (a list for a batch) per input: bare with one input, else {name: value}
         columns = request["inputs"]
         values = columns if isinstance(columns, dict) else {next(iter(specs)): columns}
+        if set(values) != set(specs):
+            raise ValueError(f"inputs must name every input: {sorted(specs)}")
     called = signature(**{name: tf.constant(values[name], spec.dtype) for name, spec in specs.items()})
     outputs = {key: _decoded(value.numpy().tolist()) for key, value in called.items()}
-    if "instances" in request:
-        return json.dumps({"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]})
-    return json.dumps({"outputs": outputs})
+    if "instances" not in request:
+        return json.dumps({"outputs": outputs})
+    # A row holds the row-th value of every output: all outputs must have the batch's size.
+    expected = len(next(iter(outputs.values())))
+    for key, value in outputs.items():
+        if len(value) != expected:
+            raise ValueError(f"Tensor name: {key} has inconsistent batch size: {len(value)} expecting: {expected}")
+    return json.dumps({"predictions": [dict(zip(outputs, row)) for row in zip(*outputs.values())]})
 
 
 def _decoded(value):
@@ -151,6 +184,9 @@ def _grpc_body_through_signature(signature, signature_name, serialized_request):
 
     request = predict_pb2.PredictRequest.FromString(serialized_request)
     assert request.model_spec.signature_name == signature_name
+    specs = signature.structured_input_signature[1]
+    if set(request.inputs) != set(specs):
+        raise ValueError(f"the request's inputs {sorted(request.inputs)} are not the signature's {sorted(specs)}")
     inputs = {name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()}
     response = predict_pb2.PredictResponse()
     for name, value in signature(**inputs).items():
@@ -158,44 +194,106 @@ def _grpc_body_through_signature(signature, signature_name, serialized_request):
     return response.SerializeToString()
 
 
-def test_rest_and_grpc_request_bodies_convert_to_the_signature_and_back(exported):
+def _served(function, folder, **specs):
+    """`function` with named inputs `specs`, as a SavedModel serves it: its signature, loaded."""
+    module = tf.Module()
+    module.function = tf.function(function)
+    tf.saved_model.save(module, str(folder), signatures=module.function.get_concrete_function(**specs))
+    module = tf.saved_model.load(str(folder))
+    return module.signatures["serving_default"], module  # the module: the signature needs it alive
+
+
+def test_the_body_converters_refuse_what_tf_serving_refuses(tmp_path):
+    strings, ints = tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32)
+    # An output whose first dimension is not the batch's.
+    signature, _module = _served(lambda text: {"echo": text, "first": text[:1]}, tmp_path / "uneven", text=strings)
+    assert json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": ["a", "b"]})))["outputs"]["first"] == ["a"]
+    with pytest.raises(ValueError, match=r"Tensor name: (first|echo) has inconsistent batch size: (1|2) expecting: (2|1)"):
+        _rest_body_through_signature(signature, json.dumps({"instances": ["a", "b"]}))
+
+    signature, _module = _served(lambda text, n: {"text": text, "n": n}, tmp_path / "two", text=strings, n=ints)
+    assert json.loads(_rest_body_through_signature(signature, json.dumps({"instances": [{"text": "a", "n": 1}]})))
+    for bad in ({"instances": [{"text": "a", "n": 1}, "b"]}, {"instances": ["a"]}, {"instances": [{"text": "a"}]},
+                {"inputs": {"text": ["a"]}}):  # fmt: skip
+        with pytest.raises(ValueError):
+            _rest_body_through_signature(signature, json.dumps(bad))
+
+
+def _requests():
+    """One request of each signature: {signature name: {input name: a list, one value a sentence}}."""
+    return {
+        "serving_default": {"text": SENTENCES},
+        "n_best": {"text": SENTENCES, "n": [2, 3, 1]},
+        "alignments": {"text": SENTENCES},
+        "prefix": {"text": SENTENCES, "prefix": ["Der", "", "Die Katze"]},
+        "sample": {"text": SENTENCES, "samples": [2, 1, 3], "temperature": [1.0, 1.5, 0.8], "top_k": [0, 5, 0],
+                   "top_p": [1.0, 0.9, 0.95], "seed": [0, 1, 2]},
+    }  # fmt: skip
+
+
+def _call(signature, inputs):
+    specs = signature.structured_input_signature[1]
+    return signature(**{key: tf.constant(value, specs[key].dtype) for key, value in inputs.items()})
+
+
+def test_rest_and_grpc_bodies_of_every_signature_convert_to_the_signature_and_back(exported):
     from tensorflow_serving.apis import predict_pb2
 
-    loaded = tf.saved_model.load(exported[4])  # keep it: the signature needs its variables
-    signature = loaded.signatures["serving_default"]
-    expected = loaded.translate(tf.constant(SENTENCES))
-    translations = [t.decode() for t in expected["translation"].numpy()]
-    scores = expected["score"].numpy().tolist()
+    loaded = tf.saved_model.load(exported[4])  # keep it: the signatures need its variables
+    assert set(loaded.signatures) == set(_requests())
+    for name, inputs in _requests().items():
+        signature = loaded.signatures[name]
+        called = _call(signature, inputs)
+        expected = {key: _decoded(value.numpy().tolist()) for key, value in called.items()}
+        if name == "alignments":
+            assert np.asarray(expected["attention"]).ndim == 3
+        rows = [dict(zip(inputs, row)) for row in zip(*inputs.values())]
+        predictions = [dict(zip(expected, row)) for row in zip(*expected.values(), strict=True)]
+        assert json.loads(_rest_body_through_signature(signature, json.dumps({"instances": rows}))) == {"predictions": predictions}
+        assert json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": inputs}))) == {"outputs": expected}
+        if len(inputs) == 1:  # one input: bare values in both formats
+            bare = json.loads(_rest_body_through_signature(signature, json.dumps({"instances": inputs["text"]})))
+            assert bare == {"predictions": predictions}
+            assert json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": inputs["text"]}))) == {"outputs": expected}
 
-    rows = json.loads(_rest_body_through_signature(signature, json.dumps({"instances": SENTENCES})))
-    assert rows == {"predictions": [{"translation": t, "score": s} for t, s in zip(translations, scores)]}
-    named_rows = json.loads(_rest_body_through_signature(signature, json.dumps({"instances": [{"text": s} for s in SENTENCES]})))
-    assert named_rows == rows
-    columns = json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": {"text": SENTENCES}})))
-    assert columns == {"outputs": {"translation": translations, "score": scores}}
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name, request.model_spec.signature_name = "translator", name
+        specs = signature.structured_input_signature[1]
+        for key, value in inputs.items():
+            request.inputs[key].CopyFrom(tf.make_tensor_proto(value, dtype=specs[key].dtype))
+        response = predict_pb2.PredictResponse.FromString(_grpc_body_through_signature(signature, name, request.SerializeToString()))
+        assert set(response.outputs) == set(expected)
+        for key, value in called.items():
+            np.testing.assert_array_equal(tf.make_ndarray(response.outputs[key]), value.numpy(), err_msg=f"{name} {key}")
 
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name, request.model_spec.signature_name = "translator", "serving_default"
-    request.inputs["text"].CopyFrom(tf.make_tensor_proto(SENTENCES, dtype=tf.string))
-    response = predict_pb2.PredictResponse.FromString(
-        _grpc_body_through_signature(signature, "serving_default", request.SerializeToString()))
-    assert [t.decode() for t in tf.make_ndarray(response.outputs["translation"])] == translations
-    np.testing.assert_allclose(tf.make_ndarray(response.outputs["score"]), scores)
 
-    # n_best takes an n for each sentence: both body formats carry it.
-    n_best = loaded.signatures["n_best"]
-    expected = loaded.n_best(tf.constant(SENTENCES), tf.constant([2, 2, 2]))
-    columns = json.loads(_rest_body_through_signature(n_best, json.dumps({"inputs": {"text": SENTENCES, "n": [2, 2, 2]}})))
-    assert columns["outputs"]["translations"] == _decoded(expected["translations"].numpy().tolist())
-    np.testing.assert_allclose(columns["outputs"]["scores"], expected["scores"].numpy(), rtol=1e-6)
-    rows = json.loads(_rest_body_through_signature(n_best, json.dumps({"instances": [{"text": s, "n": 2} for s in SENTENCES]})))
-    assert [row["translations"] for row in rows["predictions"]] == columns["outputs"]["translations"]
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name, request.model_spec.signature_name = "translator", "n_best"
-    request.inputs["text"].CopyFrom(tf.make_tensor_proto(SENTENCES, dtype=tf.string))
-    request.inputs["n"].CopyFrom(tf.make_tensor_proto([2, 2, 2], dtype=tf.int32))
-    response = predict_pb2.PredictResponse.FromString(_grpc_body_through_signature(n_best, "n_best", request.SerializeToString()))
-    np.testing.assert_array_equal(tf.make_ndarray(response.outputs["translations"]), expected["translations"].numpy())
+@pytest.mark.parametrize("name, option", [("n_best", "n"), ("sample", "samples")])
+def test_server_side_batching_merges_requests_of_different_list_lengths(exported, name, option):
+    """TF Serving's batching concatenates the inputs of several requests along the first
+    dimension, runs the signature once and splits every output the same way: each request gets
+    its own rows, as wide as the longest list among those merged, the rest padded."""
+    loaded = tf.saved_model.load(exported[4])
+    signature = loaded.signatures[name]
+    whole = _requests()[name]
+    requests = [{key: value[:2] for key, value in whole.items()}, {key: value[2:] for key, value in whole.items()}]
+    requests[0][option], requests[1][option] = [1, 1], [3]
+
+    def call(inputs):
+        return {key: value.numpy() for key, value in _call(signature, inputs).items()}
+
+    merged = call({key: requests[0][key] + requests[1][key] for key in whole})
+    assert all(value.shape[0] == len(whole["text"]) for value in merged.values())
+    start = 0
+    for inputs in requests:
+        alone, rows, width = call(inputs), len(inputs["text"]), max(inputs[option])
+        for key, value in merged.items():
+            mine = value[start : start + rows]
+            if key == "translations":
+                np.testing.assert_array_equal(mine[:, :width], alone[key])
+            else:  # other rows beside it: float noise
+                np.testing.assert_allclose(mine[:, :width], alone[key], rtol=1e-5, err_msg=key)
+            assert np.all(mine[:, width:] == (b"" if key == "translations" else -1e9)), key
+        start += rows
 
 
 def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported):
@@ -388,40 +486,56 @@ def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming
         signature._call_flat([tf.constant([1.0])], signature.captured_inputs)
 
 
-@pytest.mark.parametrize("version", [4, "bfloat16"])
-def test_every_op_is_registered_by_tensorflow_or_tf_text_and_none_is_xla(exported, version):
+def _cpu_kernel_for(node):
+    """Whether TensorFlow (or tf-text, imported by the project) registers a CPU kernel (or one
+    for every device) for the node's op whose type constraints its dtype attributes meet."""
+    from tensorflow.python.framework import kernels
+
+    for kernel in kernels.get_registered_kernels_for_op(node.op).kernel:
+        if kernel.device_type not in ("CPU", "DEFAULT"):
+            continue
+        if all(_types_of(node.attr[c.name]) <= set(c.allowed_values.list.type) for c in kernel.constraint if c.name in node.attr):
+            return True
+    return False
+
+
+def _types_of(attr):
+    return {attr.type} if attr.HasField("type") else set(attr.list.type)
+
+
+@pytest.mark.parametrize("version", [1, 4, "bfloat16", "float16"])
+def test_every_node_has_a_stock_cpu_kernel_for_its_dtypes_and_none_is_xla(exported, version):
     saved_model = saved_model_pb2.SavedModel()
     with open(os.path.join(exported[version], "saved_model.pb"), "rb") as f:
         saved_model.ParseFromString(f.read())
     graph = saved_model.meta_graphs[0].graph_def
-    ops = {node.op for node in graph.node}
+    nodes = list(graph.node)
     for function in graph.library.function:
-        ops |= {node.op for node in function.node_def}
+        nodes += function.node_def
         assert not function.attr["_XlaMustCompile"].b, function.signature.name
     defined = {function.signature.name for function in graph.library.function}
-    unregistered = {op for op in ops - defined if op_def_registry.get(op) is None}
-    assert not unregistered
+    ops = {node.op for node in nodes}
+    assert not {op for op in ops - defined if op_def_registry.get(op) is None}
     assert "SentencepieceOp" in ops and not {op for op in ops if op.startswith("Xla")}
+    # Op names are blind to dtypes: a bfloat16 BatchMatMul needs its own kernel.
+    missing = {(node.op, str(sorted(tf.as_dtype(t).name for a in node.attr.values() for t in _types_of(a))))
+               for node in nodes if node.op not in defined and not _cpu_kernel_for(node)}  # fmt: skip
+    assert not missing
+    if version in ("bfloat16", "float16"):  # the test sees the reduced dtype where it is
+        assert any(tf.as_dtype(version).as_datatype_enum in _types_of(a) for node in nodes if node.op in ("MatMul", "BatchMatMulV2")
+                   for a in node.attr.values())  # fmt: skip
 
 
-def test_a_bfloat16_export_holds_bfloat16_weights_and_translates_as_float32_on_most_sentences(exported):
-    import random
-
-    from training.synthetic import sentence_pair
-
-    rng = random.Random(1)
-    sentences = SENTENCES + [sentence_pair(rng)[0] for _ in range(45)]
-    reduced, full = tf.saved_model.load(exported["bfloat16"]), tf.saved_model.load(exported[4])
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_a_reduced_precision_export_holds_its_weights_in_that_precision_and_scores_in_float32(exported, precision):
+    """(How it translates: test_a_fresh_process_with_only_tensorflow_and_tf_text_and_no_onednn_...)"""
+    reduced, full = tf.saved_model.load(exported[precision]), tf.saved_model.load(exported[4])
     kernels = [v for v in reduced.model_variables if v.name.endswith("kernel:0") or "embedding" in v.name]
-    assert kernels and {v.dtype for v in kernels} == {tf.bfloat16} and {v.dtype for v in full.model_variables} == {tf.float32}
-    with open(os.path.join(exported["bfloat16"], "assets", "metadata.json")) as f:
-        assert json.load(f)["precision"] == "bfloat16"
-    ours, theirs = (model.translate(tf.constant(sentences)) for model in (reduced, full))
-    assert ours["score"].dtype == tf.float32
-    same = ours["translation"].numpy() == theirs["translation"].numpy()
-    # bfloat16 keeps 8 bits of mantissa: where two continuations are close, the search may take the other.
-    assert np.mean(same) >= 0.8, np.mean(same)
-    np.testing.assert_allclose(ours["score"].numpy()[same], theirs["score"].numpy()[same], atol=0.05)
+    assert kernels and {v.dtype for v in kernels} == {tf.as_dtype(precision)}
+    assert {v.dtype for v in full.model_variables} == {tf.float32}
+    with open(os.path.join(exported[precision], "assets", "metadata.json")) as f:
+        assert json.load(f)["precision"] == precision
+    assert reduced.translate(tf.constant(SENTENCES))["score"].dtype == tf.float32
 
 
 def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
@@ -448,63 +562,59 @@ def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
     assert np.all(pieces <= max_length + 50)
 
 
-def test_translate_command_line(exported, tmp_path):
-    base = os.path.dirname(exported[4])  # versions 1 (greedy), 4, maybe more: the base path means the highest
-    highest = max(int(name) for name in os.listdir(base) if name.isdigit())
-    loaded = tf.saved_model.load(os.path.join(base, str(highest)))
+def test_translate_command_line(exported, tmp_path, capsys, monkeypatch):
+    from export import translate
+
+    monkeypatch.setattr(translate, "use_serving_threads", lambda: None)  # set at a process' start: this one has begun
+
+    def run(*arguments):
+        capsys.readouterr()
+        translate.main([str(argument) for argument in arguments])
+        return capsys.readouterr().out.splitlines()
+
+    base = os.path.dirname(exported[4])  # versions 1 (greedy) and 4: the base path means the highest
+    loaded = tf.saved_model.load(exported[4])  # kept: its functions need its variables
     expected = loaded.translate(tf.constant(SENTENCES))
     translations = [t.decode() for t in expected["translation"].numpy()]
     command = [sys.executable, "-m", "export.translate", base]
 
     as_a_user = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}  # conftest sets it
     by_arguments = subprocess.run(command + SENTENCES[:2], check=True, cwd=ROOT, capture_output=True, text=True,
-                                  env=as_a_user)  # fmt: skip
+                                  env=as_a_user, timeout=300)  # fmt: skip
     assert by_arguments.stdout.splitlines() == translations[:2]
     assert by_arguments.stderr == "", "TensorFlow's C++ logs leaked into a quiet command"
 
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
-    from_file = subprocess.run(command + ["--input-file", str(sentences), "--batch-size", "2", "--scores"],
-                               check=True, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    from_file = run(base, "--input-file", sentences, "--batch-size", 2, "--scores")
     assert [line.split("\t", 1)[1] for line in from_file] == translations
     np.testing.assert_allclose([float(line.split("\t")[0]) for line in from_file], expected["score"].numpy(), atol=1e-4)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(SENTENCES)))
+    assert run(base) == translations
 
-    from_stdin = subprocess.run(command, input="\n".join(SENTENCES), check=True, cwd=ROOT, capture_output=True, text=True)
-    assert from_stdin.stdout.splitlines() == translations
-
-    n_best = [sys.executable, "-m", "export.translate", exported[4], *SENTENCES[:2], "--n-best", "3"]
-    lines = [line.split("\t") for line in subprocess.run(n_best, check=True, cwd=ROOT, capture_output=True,
-                                                          text=True).stdout.splitlines()]  # fmt: skip
+    lines = [line.split("\t") for line in run(exported[4], *SENTENCES[:2], "--n-best", 3)]
     assert [(sentence, rank) for sentence, rank, _, _ in lines] == [(s, r) for s in "12" for r in "123"]
-    four = tf.saved_model.load(exported[4])  # kept: its function needs its variables
-    expected = four.n_best(tf.constant(SENTENCES[:2]), tf.constant([3, 3]))
+    expected = loaded.n_best(tf.constant(SENTENCES[:2]), tf.constant([3, 3]))
     assert [text for *_, text in lines] == [t.decode() for t in expected["translations"].numpy().ravel()]
     np.testing.assert_allclose([float(score) for _, _, score, _ in lines], expected["scores"].numpy().ravel(), atol=1e-4)
-    aligned = subprocess.run([sys.executable, "-m", "export.translate", exported[4], *SENTENCES, "--alignments"],
-                             check=True, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
-    result = four.alignments(tf.constant(SENTENCES))
+    aligned = run(exported[4], *SENTENCES, "--alignments")
+    result = loaded.alignments(tf.constant(SENTENCES))
     assert [line.split("\t")[0] for line in aligned] == [t.decode() for t in result["translation"].numpy()]
     for line, source_length, target_length in zip(aligned, result["source_length"].numpy(), result["target_length"].numpy()):
         pairs = [tuple(map(int, pair.split("-"))) for pair in line.split("\t")[1].split()]
         assert [j for _, j in pairs] == list(range(target_length)) and all(0 <= i < source_length for i, _ in pairs)
     first_word = result["translation"].numpy()[0].decode().split()[0]
-    prefixed = subprocess.run([sys.executable, "-m", "export.translate", exported[4], *SENTENCES, "--prefix", first_word],
-                              check=True, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
-    expected = four.prefix(tf.constant(SENTENCES), tf.constant([first_word] * 3))["translation"].numpy()
+    prefixed = run(exported[4], *SENTENCES, "--prefix", first_word)
+    expected = loaded.prefix(tf.constant(SENTENCES), tf.constant([first_word] * 3))["translation"].numpy()
     assert prefixed == [t.decode() for t in expected] and all(line.startswith(first_word) for line in prefixed)
-    sample = [sys.executable, "-m", "export.translate", exported[4], *SENTENCES, "--sample", "2", "--temperature", "1.5",
-              "--seed", "5"]  # fmt: skip
-    lines = [line.split("\t") for line in subprocess.run(sample, check=True, cwd=ROOT, capture_output=True,
-                                                          text=True).stdout.splitlines()]  # fmt: skip
+    lines = [line.split("\t") for line in run(exported[4], *SENTENCES, "--sample", 2, "--temperature", 1.5, "--seed", 5)]
     assert [(sentence, rank) for sentence, rank, _, _ in lines] == [(s, r) for s in "123" for r in "12"]
     size = [len(SENTENCES)]
-    expected = four.sample(tf.constant(SENTENCES), tf.fill(size, 2), tf.fill(size, 1.5), tf.fill(size, 0), tf.fill(size, 1.0),
-                           tf.constant([5, 6, 7]))  # fmt: skip
+    expected = loaded.sample(tf.constant(SENTENCES), tf.fill(size, 2), tf.fill(size, 1.5), tf.fill(size, 0), tf.fill(size, 1.0),
+                             tf.constant([5, 6, 7]))  # fmt: skip
     assert [text for *_, text in lines] == [t.decode() for t in expected["translations"].numpy().ravel()]
 
-    # Bad flags end the command before TensorFlow is set up: in this process.
-    from export import translate
-
+    # Bad flags end the command before the model is loaded.
     for arguments, error in (
         ([exported[4], "x", "--sample", "2", "--top-p", "1.5"], "error: Sampling needs temperature > 0.*top_p 1.5"),
         ([exported[4], "x", "--sample", "101"], "error: --sample 101: 1 to 100"),
@@ -515,25 +625,28 @@ def test_translate_command_line(exported, tmp_path):
             translate.main(arguments)
 
 
-def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recorded(exported, run_dir):
+def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recorded(exported, run_dir, tmp_path, capsys):
+    from export.__main__ import main
     from export.saved_model import next_version
 
-    from export.__main__ import main
-
-    base = os.path.dirname(exported[4])
-    export_command = [sys.executable, "-m", "export", "--run-dir", run_dir, "--out", base]
+    base = tmp_path / "exports"  # the shared versions 1 and 4, and the new ones
+    base.mkdir()
+    for version in (1, 4):
+        os.symlink(exported[version], base / str(version))
+    export_command = ["--run-dir", run_dir, "--out", str(base)]
     for flags, error in ((["--version", "4"], f"error: {base}/4 exists already: choose another --version."),
                          (["--beam-size", "0"], "error: Decoding needs beam_size >= 1"),
                          (["--alignment-layer", "7"], r"error: alignment_layer 7: the decoder has 2 layers \(-2 to 1\)"),
                          (["--searches", "0"], "error: --searches must be at least 1; got 0.")):  # fmt: skip
-        with pytest.raises(SystemExit, match=error):  # before anything is traced: in this process
-            main(export_command[3:] + flags)
+        with pytest.raises(SystemExit, match=error):  # before anything is traced
+            main(export_command + flags)
 
-    assert next_version(base) == 5
+    assert next_version(str(base)) == 5
     first_step, first = RunFolder(run_dir).checkpoints()[0]
     options = ["--checkpoint", first, "--beam-size", "1", "--max-extra-length", "0", "--searches", "3", "--stopping", "first_k"]
-    made = subprocess.run(export_command + options, check=True, cwd=ROOT, capture_output=True, text=True)
-    assert made.stdout.strip() == f"Exported to {base}/5" and next_version(base) == 6
+    capsys.readouterr()
+    main(export_command + options)
+    assert capsys.readouterr().out.strip() == f"Exported to {base}/5" and next_version(str(base)) == 6
     with open(os.path.join(base, "5", "assets", "metadata.json")) as f:
         metadata = json.load(f)
     recorded = [metadata[key] for key in ("checkpoint", "beam_size", "max_extra_length", "searches", "stopping")]

@@ -1,9 +1,12 @@
-"""The JAX training path, each check in subprocesses with KERAS_BACKEND set (this process runs
-TensorFlow): the same step as TensorFlow's, data parallelism, checkpoints, and a run folder that
-the TensorFlow export serves."""
+"""The JAX training path: the same step as TensorFlow's, data parallelism, checkpoints, and run
+folders that the TensorFlow commands average and export. The JAX side of every check runs in one
+JAX process of two host devices (the `under_jax` fixture: tests/backend_worker.py session),
+besides the suite's shared JAX run and its export (tests/artifacts.py); this process runs
+TensorFlow."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,10 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from bench.smoke import TRAINING
 from conftest import ROOT, WORKER, run_under
 from keras_transformer import Transformer, TransformerConfig
 
-# Every test here starts TensorFlow or JAX processes: slow. (tests/test_search.py compares the
+# Every test here reads what JAX processes computed: slow. (tests/test_search.py compares the
 # backends' decoding in the fast suite.)
 pytestmark = pytest.mark.slow
 
@@ -57,21 +61,75 @@ def start(tmp_path_factory):
     return path, config
 
 
-def _step(backend, start, steps, name, devices=1, policy="float32"):
+# The JAX steps: name -> (policy, devices).
+JAX_STEPS = {"jax-float32": ("float32", 1), "jax-two": ("float32", 2), "jax-mixed_bfloat16": ("mixed_bfloat16", 1)}
+OVERFIT_PAIRS = 8
+
+
+@pytest.fixture(scope="module")
+def under_jax(start, artifacts, synthetic_corpus, synthetic_sentencepiece, tmp_path_factory):
+    """What one JAX process (two host devices) did and printed, in order: the steps of
+    JAX_STEPS; a run of bench/smoke.py's recipe that crashes while saving, resumed; the shared
+    JAX run (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and
+    averaged; and greedy and beam search of a run that `python -m training.train --backend jax`
+    trained on 8 pairs. Returns (its outputs by name, folder, the 8 pairs)."""
+    from training.average_checkpoints import average_checkpoints
+    from training.tokenizer import Tokenizer
+
+    folder = tmp_path_factory.mktemp("jax")
+    # Eight pairs of one bucket (length 8), as test_train's overfit, with the synthetic corpus' tokenizer.
+    tokenizer = Tokenizer(synthetic_sentencepiece)
+    pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if all(len(tokenizer.tokenize(t)) < 8 for t in p)][:OVERFIT_PAIRS]
+    data, overfit = folder / "eight", folder / "overfit"
+    data.mkdir()
+    overfit.mkdir()
+    for side, lang in enumerate(("en", "de")):
+        (data / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
+    (overfit / "tokenizer.model").write_bytes(synthetic_sentencepiece)
+    # No label smoothing and no dropout, so that the memorised pairs become near-certain. From a
+    # shell without KERAS_BACKEND: --backend jax starts the command again under JAX.
+    flags = ["--run-dir", str(overfit), "--dataset", str(data), "--source-lang", "en", "--target-lang", "de", "--steps",
+             "300", "--warmup-steps", "40", "--learning-rate-scale", "1", "--label-smoothing", "0", "--dropout", "0",
+             "--batch-tokens", "128", "--max-length", "16", "--vocab-size", "1000", "--checkpoint-every", "300",
+             "--steps-per-call", "50", "--no-evaluate", "--strategy", "cpu"]  # fmt: skip
+    trained = subprocess.run(["timeout", "900", sys.executable, "-m", "training.train", "--backend", "jax", *flags], cwd=ROOT,
+                             capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"})  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+
+    shared = folder / "shared"  # the suite's JAX run, averaged here under TensorFlow
+    shutil.copytree(artifacts.jax_run, shared)
+    average_checkpoints(str(shared), last=2)
+
     path, _ = start
-    out = str(path / name)
-    if os.path.exists(out + ".json"):  # measured already by another test of this module
-        with open(out + ".json") as f:
-            return json.load(f), out + ".weights.h5"
-    run_under(backend, WORKER, "step", str(path / "init.weights.h5"), str(path / "batch.npz"), str(steps), out, policy,
-              devices=devices)  # fmt: skip
+    crashed = str(folder / "crashed")
+    commands = {
+        **{name: ["step", str(path / "init.weights.h5"), str(path / "batch.npz"), "3", str(folder / name), policy, str(devices)]
+           for name, (policy, devices) in JAX_STEPS.items()},
+        "crash": ["crash-mid-save", crashed, *TRAINING, "--no-evaluate"],
+        "resume": ["train", "--run-dir", crashed, *TRAINING, "--no-evaluate"],
+        "evaluate": ["evaluate", "--run-dir", str(shared), "--split", "test", "--limit", "8"],
+        "remote": ["remote", "ram://runs/jax", *TRAINING, "--checkpoint-every", "4", "--no-evaluate"],
+        "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
+    }  # fmt: skip
+    outputs = json.loads(run_under("jax", WORKER, "session", json.dumps(list(commands.values())), devices=2).splitlines()[-1])
+    return dict(zip(commands, outputs)), folder, pairs
+
+
+def _step(name, start, under_jax):
+    """(the step's record, its weights file): JAX's from the session, TensorFlow's computed here."""
+    from backend_worker import step
+
+    path, _ = start
+    out = str(under_jax[1] / name)
+    if name.startswith("tensorflow") and not os.path.exists(out + ".json"):
+        step(str(path / "init.weights.h5"), str(path / "batch.npz"), 3, out, name.split("-", 1)[1])
     with open(out + ".json") as f:
         return json.load(f), out + ".weights.h5"
 
 
-def test_jax_steps_equal_tensorflow_steps(start):
-    jax_run, jax_weights = _step("jax", start, 3, "jax-float32")
-    tf_run, tf_weights = _step("tensorflow", start, 3, "tensorflow-float32")
+def test_jax_steps_equal_tensorflow_steps(start, under_jax):
+    jax_run, jax_weights = _step("jax-float32", start, under_jax)
+    tf_run, tf_weights = _step("tensorflow-float32", start, under_jax)
     assert (jax_run["backend"], tf_run["backend"]) == ("jax", "tensorflow")
     np.testing.assert_allclose(jax_run["losses"], tf_run["losses"], rtol=1e-5)
     _assert_same_weights(jax_weights, tf_weights, start[1])
@@ -79,9 +137,9 @@ def test_jax_steps_equal_tensorflow_steps(start):
     assert all(not np.allclose(a, b) for (name, a), (_, b) in zip(init, moved) if name.endswith("kernel"))
 
 
-def test_jax_data_parallel_over_two_devices_equals_one_device(start):
-    two, two_weights = _step("jax", start, 3, "jax-two", devices=2)
-    one, one_weights = _step("jax", start, 3, "jax-float32", devices=1)
+def test_jax_data_parallel_over_two_devices_equals_one_device(start, under_jax):
+    two, two_weights = _step("jax-two", start, under_jax)
+    one, one_weights = _step("jax-float32", start, under_jax)
     assert (two["replicas"], one["replicas"]) == (2, 1)
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
     assert two["losses"][2] < two["losses"][0]
@@ -92,103 +150,79 @@ def test_jax_data_parallel_over_two_devices_equals_one_device(start):
     "backend, policy, tolerance",
     [("tensorflow", "mixed_bfloat16", 0.02), ("tensorflow", "mixed_float16", 0.005), ("jax", "mixed_bfloat16", 0.02)],
 )
-def test_mixed_precision_steps_track_float32(backend, policy, tolerance, start):
+def test_mixed_precision_steps_track_float32(backend, policy, tolerance, start, under_jax):
     """bfloat16 keeps 8 bits of mantissa (relative error ~0.4% per op), float16 11 bits: a few
     steps' losses stay within `tolerance` of float32's, relative."""
-    reference, _ = _step(backend, start, 3, f"{backend}-float32")
-    mixed, weights = _step(backend, start, 3, f"{backend}-{policy}", policy=policy)
+    reference, _ = _step(f"{backend}-float32", start, under_jax)
+    mixed, weights = _step(f"{backend}-{policy}", start, under_jax)
     np.testing.assert_allclose(mixed["losses"], reference["losses"], rtol=tolerance)
     assert mixed["losses"] != reference["losses"], "the mixed-precision run computed in float32"
     assert mixed["optimizer"] == ("LossScaleOptimizer" if policy == "mixed_float16" else "Adam")
     assert all(np.all(np.isfinite(value)) for _, value in _weights(weights, start[1]))
 
 
-FAST = ["--steps", "16", "--checkpoint-every", "8", "--steps-per-call", "4", "--dropout", "0", "--batch-tokens", "512",
-        "--max-length", "24", "--vocab-size", "500", "--no-evaluate", "--strategy", "cpu"]  # fmt: skip
-
-
-def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_average(tmp_path):
-    run = str(tmp_path / "run")
-    output = run_under("jax", WORKER, "crash-mid-save", run, *FAST)
-    assert "crashed: disk full (simulated)" in output
-    left = json.loads(output.splitlines()[-1])
-    # ckpt-16 was begun, but has no state.json: not a checkpoint.
-    assert left == ["ckpt-16", "ckpt-8"] and not os.path.exists(os.path.join(run, "checkpoints", "ckpt-16", "state.json"))
-    resumed = run_under("jax", "-m", "training.train", "--run-dir", run, *FAST)
-    assert f"Resumed from {run}/checkpoints/ckpt-8 at step 8." in resumed
-    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["ckpt-16", "ckpt-8"]
+def test_a_crash_while_saving_leaves_the_previous_checkpoint_to_resume_from_and_average(under_jax, artifacts):
+    from training.average_checkpoints import average_checkpoints
     from training.run_folder import RunFolder
 
-    # Resumed, the run ends where a run never interrupted ends (test_train_end_to_end kills
-    # TensorFlow's with SIGKILL).
-    straight = str(tmp_path / "straight")
-    run_under("jax", "-m", "training.train", "--run-dir", straight, *FAST)
+    outputs, folder = under_jax[0], under_jax[1]
+    run = str(folder / "crashed")
+    assert "crashed: disk full (simulated)" in outputs["crash"]
+    # ckpt-16 was begun, but has no state.json: not a checkpoint.
+    assert json.loads(outputs["crash"].splitlines()[-1]) == ["ckpt-16", "ckpt-8"]
+    assert f"Resumed from {run}/checkpoints/ckpt-8 at step 8." in outputs["resume"]
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["ckpt-16", "ckpt-24", "ckpt-32", "ckpt-40", "ckpt-8"]
+    # Resumed, the run ends where the suite's JAX run, never interrupted, ends (test_train_end_to_end
+    # kills TensorFlow's with SIGKILL).
     config = RunFolder(run).config()
-    last = os.path.join("checkpoints", "ckpt-16", "model.weights.h5")
+    last = os.path.join("checkpoints", "ckpt-40", "model.weights.h5")
     for (name, after_resume), (_, uninterrupted) in zip(
-        _weights(os.path.join(run, last), config), _weights(os.path.join(straight, last), config)
+        _weights(os.path.join(run, last), config), _weights(os.path.join(artifacts.jax_run, last), config)
     ):
         np.testing.assert_allclose(after_resume, uninterrupted, rtol=1e-4, atol=1e-5, err_msg=name)
 
     # The JAX run's checkpoints average (here under TensorFlow) into the mean of their weights.
-    run_under("tensorflow", "-m", "training.average_checkpoints", "--run-dir", run, "--last", "2")
-    averaged = _weights(os.path.join(run, "averaged", "ckpt-16.weights.h5"), config)
-    first, second = (_weights(os.path.join(run, "checkpoints", name, "model.weights.h5"), config) for name in ("ckpt-8", "ckpt-16"))
+    average_checkpoints(run, last=2)
+    averaged = _weights(os.path.join(run, "averaged", "ckpt-40.weights.h5"), config)
+    first, second = (_weights(os.path.join(run, "checkpoints", name, "model.weights.h5"), config) for name in ("ckpt-32", "ckpt-40"))
     assert not np.allclose(first[0][1], second[0][1])
     for (_, mean), (_, a), (_, b) in zip(averaged, first, second):
         np.testing.assert_allclose(mean, (a + b) / 2, rtol=1e-5, atol=1e-7)
 
-    # The same commands as for a TensorFlow run, in a shell where KERAS_BACKEND=jax.
-    evaluated = run_under("jax", "-m", "training.evaluate", "--run-dir", run, "--split", "test", "--limit", "8")
-    assert '"sentences": 8' in evaluated and "averaged/ckpt-16.weights.h5" in evaluated
-    exported = run_under("jax", "-m", "export", "--run-dir", run, "--out", str(tmp_path / "exports"))
-    assert f"Exported to {tmp_path}/exports/1" in exported
+
+def test_the_commands_of_a_tensorflow_run_evaluate_and_export_a_jax_run(under_jax, artifacts):
+    """In a shell where KERAS_BACKEND=jax: evaluate (the session) reads the average that
+    TensorFlow made; export (tests/artifacts.py ran `python -m export` there) serves the run."""
+    evaluated = under_jax[0]["evaluate"]
+    assert '"sentences": 8' in evaluated and "averaged/ckpt-40.weights.h5" in evaluated
+    assert f"Exported to {artifacts.exports['jax']}" in artifacts.output("jax-export")
+    loaded = tf.saved_model.load(artifacts.exports["jax"])
+    assert loaded.translate(tf.constant(["the dog sees a cat ."]))["translation"].shape == [1]
 
 
-def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages():
+def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages(under_jax):
     """As test_train_end_to_end's TensorFlow run on ram:// (in one process: ram:// is its memory)."""
-    output = run_under("jax", WORKER, "remote", "ram://runs/jax", *FAST)
+    output = under_jax[0]["remote"]
     assert "Resumed from ram://runs/jax/checkpoints/ckpt-4 at step 4." in output
     result = json.loads(output.splitlines()[-1])
     assert result["steps"] == 8 and result["checkpoints"] == [4, 8]
     assert result["averaged"] == result["loaded"] == "ram://runs/jax/averaged/ckpt-8.weights.h5"
 
 
-def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(
-    synthetic_corpus, synthetic_sentencepiece, synthetic_tokenizer, tmp_path
-):
+def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(under_jax, tmp_path):
     from export.saved_model import export
     from keras_transformer.search import DecodingSettings
 
-    def tokens(text):
-        return len(synthetic_tokenizer.tokenize(text))
-
-    # As test_train's overfit: eight pairs of one bucket (length 8), the synthetic corpus' tokenizer.
-    pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if tokens(p[0]) < 8 and tokens(p[1]) < 8][:8]
-    data = tmp_path / "eight"
-    data.mkdir()
-    for side, lang in enumerate(("en", "de")):
-        (data / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
-    run = str(tmp_path / "run")
-    os.makedirs(run)
-    with open(os.path.join(run, "tokenizer.model"), "wb") as f:
-        f.write(synthetic_sentencepiece)
-    # No label smoothing and no dropout, so that the memorised pairs become near-certain.
-    flags = ["--run-dir", run, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de", "--steps", "300",
-             "--warmup-steps", "40", "--learning-rate-scale", "1", "--label-smoothing", "0", "--dropout", "0",
-             "--batch-tokens", "128", "--max-length", "16", "--vocab-size", "1000", "--checkpoint-every", "300",
-             "--steps-per-call", "50", "--no-evaluate", "--strategy", "cpu"]  # fmt: skip
-    trained = subprocess.run([sys.executable, "-m", "training.train", "--backend", "jax", *flags], cwd=ROOT,
-                             capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"})  # fmt: skip
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    outputs, folder, pairs = under_jax
+    run = str(folder / "overfit")
     with open(os.path.join(run, "training.json")) as f:
         assert json.load(f)["backend"] == "jax"
     sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
-    under_jax = json.loads(run_under("jax", WORKER, "translate", run, json.dumps(sources)).splitlines()[-1])
-    assert under_jax["greedy"][0] == targets
-    assert under_jax["beam"][0] == targets
+    translated = json.loads(outputs["translate"].splitlines()[-1])
+    assert translated["greedy"][0] == targets
+    assert translated["beam"][0] == targets
 
     served = tf.saved_model.load(export(run, str(tmp_path / "exports"), DecodingSettings(max_extra_length=10)))
     result = served.translate(tf.constant(sources))
     assert [t.decode() for t in result["translation"].numpy()] == targets
-    np.testing.assert_allclose(result["score"].numpy(), under_jax["beam"][1], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(result["score"].numpy(), translated["beam"][1], rtol=1e-4, atol=1e-6)

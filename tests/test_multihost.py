@@ -14,14 +14,15 @@ import time
 import numpy as np
 import pytest
 
+from bench.smoke import TRAINING
 from conftest import ROOT, WORKER
 from keras_transformer import Transformer
 from training.run_folder import RunFolder
 
-FLAGS = ["--steps", "24", "--checkpoint-every", "4", "--steps-per-call", "4", "--dropout", "0", "--batch-tokens", "512",
-         "--max-length", "24", "--vocab-size", "500", "--no-evaluate", "--strategy", "cpu", "--source-lang", "en",
-         "--target-lang", "de"]  # fmt: skip
+# bench/smoke.py's recipe, shorter, on a folder of text files.
+FLAGS = [*TRAINING, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate", "--source-lang", "en", "--target-lang", "de"]
 LIMIT_SECONDS = 600  # each process a test starts ends by itself within this
+TRAINER = os.path.join(ROOT, "tests", "multiworker_worker.py")  # training.train, recording the shards written
 
 
 def _free_port():
@@ -36,13 +37,14 @@ def _environment(devices):
 
 
 def _start_processes(run_dir, corpus, *flags):
-    """Two processes of `training.train` with two host devices each, joined on 127.0.0.1."""
+    """Two processes of `training.train` with two host devices each, joined on 127.0.0.1; each
+    writes the numbers of the shards it tokenized to RUN_DIR/../shards-written-INDEX.json."""
     address = f"127.0.0.1:{_free_port()}"
     return [
         subprocess.Popen(
-            ["timeout", str(LIMIT_SECONDS), sys.executable, "-m", "training.train", "--run-dir", str(run_dir),
+            ["timeout", str(LIMIT_SECONDS), sys.executable, TRAINER, "--run-dir", str(run_dir),
              "--dataset", str(corpus), *FLAGS, *flags, "--processes", "2", "--coordinator-address", address,
-             "--process-id", str(index)],
+             "--process-id", str(index), "--shards-written", str(run_dir.parent / f"shards-written-{index}.json")],
             cwd=ROOT, env=_environment(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,  # a group of its own: `timeout` and the training process are killed together
         )  # fmt: skip
@@ -85,6 +87,8 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     assert "24/24" in outputs[0] and "24/24" not in outputs[1]
     assert json.loads((run_dir / "training.json").read_text())["processes"] == 2
     # Each process wrote the shards of its own share: 0 and 2, and 1.
+    written = [json.loads((run_dir.parent / f"shards-written-{index}.json").read_text()) for index in range(2)]
+    assert written == [[0, 2], [1]]
     tokenized = next((run_dir / "data").glob("tokenized-*"))
     assert sorted(p.name for p in tokenized.iterdir()) == [f"shard-0000{i}.tfrecord" for i in range(3)]
 
@@ -104,22 +108,29 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     assert not np.allclose(_weights(run_dir, 8)[0][1], _weights(run_dir, 24)[0][1])  # it trained
 
 
-@pytest.mark.slow
-def test_a_killed_peer_ends_the_other_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
-    run_dir = tmp_path / "run"
+def _kill_after_the_first_checkpoint(run_dir, corpus, killed):
+    """Starts two processes, kills process `killed` once the first checkpoint is complete; returns
+    the survivor's output and exit status, and the seconds it took to end."""
     processes = _start_processes(run_dir, corpus)
     deadline = time.monotonic() + LIMIT_SECONDS
     while not (run_dir / "checkpoints" / "ckpt-4" / "state.json").exists():
         assert time.monotonic() < deadline and processes[0].poll() is None, processes[0].communicate()[0][-4000:]
         time.sleep(0.05)
-    # Process 0, which hosts JAX's coordination service: the other ends at once. (Had process 1
-    # died, process 0 would end once the heartbeat of training.backends.jax timed out, 60 s.)
-    os.killpg(processes[0].pid, signal.SIGKILL)
-    killed = time.monotonic()
-    output = processes[1].communicate(timeout=LIMIT_SECONDS)[0]
-    processes[0].communicate()
-    assert processes[1].returncode != 0, output[-3000:]
-    assert time.monotonic() - killed < 90
+    os.killpg(processes[killed].pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    survivor = processes[1 - killed]
+    output = survivor.communicate(timeout=LIMIT_SECONDS)[0]
+    processes[killed].communicate()
+    return output, survivor.returncode, time.monotonic() - killed_at
+
+
+@pytest.mark.slow
+def test_a_killed_coordinator_ends_the_other_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    # Process 0 hosts JAX's coordination service: the other ends at once.
+    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, corpus, killed=0)
+    assert status != 0, output[-3000:]
+    assert seconds < 90
     assert not (run_dir / "checkpoints" / "ckpt-24").exists()
 
     outputs = _finish(_start_processes(run_dir, corpus))
@@ -135,3 +146,14 @@ def test_a_killed_peer_ends_the_other_and_the_rerun_resumes_exactly(two_processe
     )  # fmt: skip
     assert refused.returncode != 0
     assert "processes: 2 in " in refused.stderr and "training.json, 1 now" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_worker_process_ends_the_coordinator_with_an_error_within_the_heartbeat(corpus, tmp_path):
+    from training.backends.jax import HEARTBEAT_SECONDS
+
+    # Process 0 learns that process 1 is gone from a failed collective or, at the latest, from
+    # the missed heartbeats of JAX's coordination service.
+    output, status, seconds = _kill_after_the_first_checkpoint(tmp_path / "run", corpus, killed=1)
+    assert status != 0, output[-3000:]
+    assert seconds < HEARTBEAT_SECONDS + 30, f"process 0 ended {seconds:.0f} s after process 1 was killed"

@@ -437,9 +437,12 @@ def test_sampled_tokens_follow_the_models_distribution_reshaped_by_temperature_t
     logits = np.array([-1e9, -3.0, -2.5, 0.5, 1.0, 0.2, -0.4, 1.3, 0.9, -1.0], "float32")
     draws = 6000
     result = sample_search(_FixedLogits(logits), np.full((draws // 2, 1), 5, "int32"), np.arange(draws // 2),
-                           num_samples=2, temperature=temperature, top_k=top_k, top_p=top_p, max_length=1)  # fmt: skip
-    tokens = np.asarray(result.tokens).reshape(-1)  # one token each: the end of sentence is stripped to 0
-    tokens = np.where(tokens == PAD_ID, EOS_ID, tokens)
+                           num_samples=2, temperature=temperature, top_k=top_k, top_p=top_p, max_length=2)  # fmt: skip
+    tokens = np.asarray(result.tokens).reshape(draws, 2)  # an end of sentence is stripped to 0
+    first = np.where(tokens[:, 0] == PAD_ID, EOS_ID, tokens[:, 0])
+    # The second token of the outputs that did not end at the first: drawn from the same
+    # distribution, with random numbers of its own (one counter per position).
+    second = np.where(tokens[:, 1] == PAD_ID, EOS_ID, tokens[:, 1])[first != EOS_ID]
     # The reference: the distribution from its definition, in NumPy.
     probs = np.exp((logits.astype("float64") - np.max(logits)) / temperature)
     order = np.argsort(-probs, kind="stable")
@@ -449,14 +452,34 @@ def test_sampled_tokens_follow_the_models_distribution_reshaped_by_temperature_t
     outside = np.cumsum(probs[order]) - probs[order] >= top_p
     probs[order[outside]] = 0
     probs /= probs.sum()
-    counts = np.bincount(tokens, minlength=len(logits))
-    assert not np.any(counts[probs == 0]), "a token outside top k / top p was drawn"
     drawn = probs > 0
-    statistic, p_value = scipy.stats.chisquare(counts[drawn], probs[drawn] * draws)
-    assert p_value > 1e-3, (statistic, counts, probs * draws)
-    # Each score is the model's own log-probability of the token (over lp(1) = 1).
+    for position, tokens_there in (("first", first), ("second", second)):
+        counts = np.bincount(tokens_there, minlength=len(logits))
+        assert not np.any(counts[probs == 0]), f"a token outside top k / top p was drawn ({position})"
+        statistic, p_value = scipy.stats.chisquare(counts[drawn], probs[drawn] * len(tokens_there))
+        assert p_value > 1e-3, (position, statistic, counts, probs * len(tokens_there))
+    # A score is the model's own log-probability of the output (over lp(1) = 1 for one token).
     model_log_probs = logits - np.log(np.sum(np.exp(logits)))
-    np.testing.assert_allclose(np.asarray(result.scores).reshape(-1), model_log_probs[tokens], rtol=1e-5)
+    ended = first == EOS_ID
+    np.testing.assert_allclose(np.asarray(result.scores).reshape(-1)[ended], model_log_probs[first[ended]], rtol=1e-5)
+
+
+def test_per_sentence_sampling_options_in_one_batch_equal_each_sentence_sampled_alone(rng):
+    from keras_transformer.search import sample_search
+
+    model = _model(30, seed=15)
+    sources = _sources(rng, [5, 3, 6, 2], 30)
+    options = dict(temperature=[0.7, 1.5, 1.0, 2.0], top_k=[0, 5, 3, 0], top_p=[1.0, 0.9, 1.0, 0.8])
+    seeds = np.array([4, 5, 6, 7], "int32")
+    batch = sample_search(model, sources, seeds, num_samples=3, max_extra_length=4,
+                          **{name: np.array(values, "float32" if name != "top_k" else "int32") for name, values in options.items()})  # fmt: skip
+    for row in range(len(sources)):
+        alone = sample_search(model, sources[row : row + 1], seeds[row : row + 1], num_samples=3, max_extra_length=4,
+                              **{name: values[row] for name, values in options.items()})  # fmt: skip
+        length = alone.tokens.shape[2]
+        np.testing.assert_array_equal(np.asarray(batch.tokens)[row, :, :length], alone.tokens[0], err_msg=str(row))
+        assert not np.any(np.asarray(batch.tokens)[row, :, length:])
+        np.testing.assert_allclose(np.asarray(batch.scores)[row], alone.scores[0], rtol=1e-5, err_msg=str(row))
 
 
 def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_any_batch(rng):
@@ -544,7 +567,7 @@ def _reversal_is_learned(model, sources):
 def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(reversal_model):
     from keras_transformer.search import DecodingSettings, decode
 
-    model, weights, sources, _ = reversal_model
+    model, weights, sources = reversal_model
     _reversal_is_learned(model, sources)
     float32 = {beam: decode(model, sources, DecodingSettings(beam, max_extra_length=4)) for beam in (1, 4)}
     keras.mixed_precision.set_global_policy("mixed_bfloat16")  # what --mixed-precision sets on CPUs and TPUs
@@ -562,20 +585,19 @@ def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(r
             np.testing.assert_allclose(np.asarray(result.scores)[same], np.asarray(float32[beam].scores)[same], atol=0.05)
 
 
-def test_jax_decodes_as_tensorflow_does(reversal_model, tmp_path):
+def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     """Greedy and beam 4, each also with a target prefix, and sampling, compiled for each backend
     as `training.evaluate` compiles them (TensorFlow: XLA; JAX: jax.jit), on the same weights and
-    sources: the same tokens (the random numbers too)."""
+    sources: the same tokens (the random numbers too). JAX's searches ran once, in a process of
+    their own (tests/artifacts.py: tests/backend_worker.py decode)."""
     import json
 
     from backend_worker import PREFIX, SAMPLING
-    from conftest import WORKER, run_under
     from keras_transformer.search import DecodingSettings, decode, sample_search
     from training.evaluate import compile_for_backend, compile_search
 
-    model, weights, sources, _ = reversal_model
-    np.save(tmp_path / "sources.npy", sources)
-    under_jax = json.loads(run_under("jax", WORKER, "decode", weights, str(tmp_path / "sources.npy")))
+    model, _, sources = reversal_model
+    under_jax = json.loads(artifacts.output("jax-decode").splitlines()[-1])
     prefix = np.stack([PREFIX[row % len(PREFIX)] for row in range(len(sources))])
     under_tensorflow = {}
     for beam in (1, 4):
@@ -598,7 +620,7 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, tmp_path):
 def test_alignments_are_the_models_attention_over_the_real_source_for_each_output_piece(reversal_model):
     from keras_transformer.search import DecodingSettings, alignments, decode
 
-    model, _, sources, _ = reversal_model
+    model, _, sources = reversal_model
     _reversal_is_learned(model, sources)
     tokens = np.asarray(decode(model, sources, DecodingSettings(max_extra_length=4)).tokens)
     out_lengths, source_lengths = _nonzero_lengths(tokens), _nonzero_lengths(sources)

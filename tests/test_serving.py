@@ -41,7 +41,7 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
 def test_a_model_in_reduced_precision_decodes_as_float32_on_most_sentences(precision, reversal_model):
     from export.saved_model import in_precision
 
-    model, _, sources, _ = reversal_model
+    model, _, sources = reversal_model
     reduced = in_precision(model, precision)
     assert {weight.dtype for weight in reduced.weights} == {precision} and reduced.decoder.layers[0].compute_dtype == precision
     assert in_precision(model, "float32") is model and keras.config.dtype_policy().name == "float32"

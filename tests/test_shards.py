@@ -261,3 +261,79 @@ def test_progress_says_pairs_rate_and_time_left(capsys):
     assert line.startswith("Tokenizing: 250 pairs (25%), ") and " pairs/s, ETA " in line
     shards.Progress("Reading", None, every=0).update(1200, 0.5)
     assert "Reading: 1,200 pairs (50%)" in capsys.readouterr().out
+
+
+def _numbered_files(folder, count, width=0):
+    """train.en / train.de of `count` pairs whose lines hold their index (padded with `width` x's)."""
+    os.makedirs(folder, exist_ok=True)
+    for lang in ("en", "de"):
+        with open(os.path.join(folder, f"train.{lang}"), "w") as f:
+            f.writelines(f"{i} {lang} {'x' * width}\n" for i in range(count))
+    return [os.path.join(folder, f"train.{lang}") for lang in ("en", "de")]
+
+
+def test_a_corpus_of_tens_of_megabytes_is_cut_in_a_few_megabytes(tmp_path, monkeypatch):
+    import tracemalloc
+
+    source, target = _numbered_files(tmp_path / "corpus", 250_000, width=70)  # 20 MB a side
+    assert os.path.getsize(source) > 20e6
+    monkeypatch.setattr(shards, "_READ_BYTES", 256 << 10)
+    tracemalloc.start()
+    try:
+        text = shards.cut_text_files(source, target, str(tmp_path / "cut"), sample_size=100, pairs_per_shard=100_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert text.shard_sizes == [100_000, 100_000, 50_000]
+    # A block of each side and its joined copy, a shard's writers: a few read blocks, not the files.
+    assert peak < 8e6, f"the cut held {peak / 1e6:.1f} MB at its peak"
+
+
+def test_the_tokenizer_sample_is_uniform_over_the_files_read_in_many_blocks(tmp_path, monkeypatch):
+    import scipy.stats
+
+    count, size = 40_000, 2_000
+    source, target = _numbered_files(tmp_path / "corpus", count)
+    monkeypatch.setattr(shards, "_READ_BYTES", 4096)  # about 400 lines a block: 100 blocks
+    sample = shards.cut_text_files(source, target, str(tmp_path / "cut"), sample_size=size, seed=3).sample()
+    indices = [int(s.split()[0]) for s, _ in sample]
+    assert len(set(indices)) == size and all(s.split()[0] == t.split()[0] for s, t in sample)
+    deciles = np.bincount(np.array(indices) * 10 // count, minlength=10)
+    assert scipy.stats.chisquare(deciles).pvalue > 1e-3, deciles
+
+
+def test_an_interrupted_cut_is_made_again_and_changed_files_of_the_same_size_are_refused(tmp_path, monkeypatch):
+    source, target = _numbered_files(tmp_path / "corpus", 1000)
+    directory = str(tmp_path / "cut")
+    reservoir_add = shards._Reservoir.add
+    blocks = []
+
+    def killed_on_the_fourth_block(self, *args):
+        blocks.append(1)
+        if len(blocks) == 4:
+            raise KeyboardInterrupt  # as a kill leaves it: shards written, no index.json
+        return reservoir_add(self, *args)
+
+    monkeypatch.setattr(shards, "_READ_BYTES", 1024)
+    monkeypatch.setattr(shards._Reservoir, "add", killed_on_the_fourth_block)
+    with pytest.raises(KeyboardInterrupt):
+        shards.cut_text_files(source, target, directory, pairs_per_shard=100)
+    assert not os.path.exists(os.path.join(directory, "index.json")) and os.path.exists(os.path.join(directory, "shard-00001.src"))
+    monkeypatch.setattr(shards._Reservoir, "add", reservoir_add)
+    text = shards.cut_text_files(source, target, directory, pairs_per_shard=100)
+    assert text.shard_sizes == [100] * 10
+    assert _streamed(text) == data.read_parallel_files(source, target)
+
+    # A copy of the files (a new modification time, the same bytes) is the same corpus.
+    with open(target, "rb") as f:
+        content = f.read()
+    with open(target, "wb") as f:
+        f.write(content)
+    os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert shards.cut_text_files(source, target, directory, pairs_per_shard=100).shard_sizes == [100] * 10
+    # An edit that keeps the size is not.
+    with open(target, "wb") as f:
+        f.write(content.replace(b"7 de", b"8 de", 1))
+    os.utime(target, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    with pytest.raises(ValueError, match="the training files changed since this run started"):
+        shards.cut_text_files(source, target, directory, pairs_per_shard=100)

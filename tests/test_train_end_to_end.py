@@ -1,4 +1,5 @@
-"""training.train as users run it: in subprocesses, killed and resumed, on two workers."""
+"""training.train as users run it: killed and resumed, on two workers, on a filesystem that is not
+POSIX; the commands after it (average, evaluate) on the suite's shared run."""
 
 import json
 import os
@@ -11,52 +12,64 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import FAST_TRAINING, ROOT, train_command
+from bench.smoke import TRAINING
+from conftest import ROOT
 
 
-def _weights(run_dir):
-    """The model weights of the run's latest checkpoint."""
+def _weights(run_dir, checkpoint=None):
+    """The model weights of the run's latest checkpoint (or of `checkpoint`)."""
     from training.run_folder import RunFolder
 
-    model, _ = RunFolder(str(run_dir)).load_model()
+    model, _ = RunFolder(str(run_dir)).load_model(checkpoint)
     return model.get_weights()
+
+
+def _assert_same_weights(first, second, atol=1e-5):
+    assert len(first) == len(second) > 10
+    for a, b in zip(first, second):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol)
 
 
 # Under JAX, test_jax's crash while saving checks the same: a resumed run ends as one never stopped.
 @pytest.mark.slow
-def test_training_killed_with_sigkill_resumes_where_it_stopped(cli_run, tmp_path):
-    straight = cli_run  # the same flags, with evaluation, which changes no weight
+def test_training_killed_with_sigkill_resumes_where_it_stopped(artifacts, tmp_path, capsys):
+    from training import train
+
+    straight = artifacts.tf_run  # the same recipe, uninterrupted, with evaluation (which changes no weight)
     resumed = tmp_path / "resumed"
     os.makedirs(resumed)
-    shutil.copy(straight / "tokenizer.model", resumed / "tokenizer.model")
+    shutil.copy(os.path.join(straight, "tokenizer.model"), resumed / "tokenizer.model")
+    flags = ["--run-dir", str(resumed), *TRAINING, "--no-evaluate"]
 
     # Killed as soon as the run announces its checkpoint at step 16.
-    command = train_command(resumed, "--no-evaluate")
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(["timeout", "600", sys.executable, "-m", "training.train", *flags], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     for line in process.stdout:
-        if f"checkpoints/ckpt-16 at step 16." in line:
+        if "checkpoints/ckpt-16 at step 16." in line:
             process.send_signal(signal.SIGKILL)
             break
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the run ended before its checkpoint at step 16"
 
-    rerun = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
-    resumed_from = int(rerun.stdout.split("Resumed from ")[1].split(" at step ")[1].split(".")[0])
-    assert 16 <= resumed_from < 40, rerun.stdout
-    assert f"Resumed from {resumed}/checkpoints/ckpt-{resumed_from} at step {resumed_from}." in rerun.stdout
+    capsys.readouterr()
+    train.main(flags)  # the rerun: in this process
+    out = capsys.readouterr().out
+    resumed_from = int(out.split("Resumed from ")[1].split(" at step ")[1].split(".")[0])
+    assert 16 <= resumed_from < 40, out
+    assert f"Resumed from {resumed}/checkpoints/ckpt-{resumed_from} at step {resumed_from}." in out
     for run in (straight, resumed):
-        metrics = json.loads((run / "metrics.json").read_text())
+        with open(os.path.join(run, "metrics.json")) as f:
+            metrics = json.load(f)
         assert (metrics["steps"], metrics["backend"]) == (40, "tensorflow")
-    for after_resume, uninterrupted in zip(_weights(resumed), _weights(straight)):
-        np.testing.assert_allclose(after_resume, uninterrupted, rtol=1e-4, atol=1e-5)
+    _assert_same_weights(_weights(resumed), _weights(straight, os.path.join(straight, "checkpoints", "ckpt-40")))
 
 
-@pytest.mark.slow
-def test_max_minutes_stops_early_with_a_checkpoint(tmp_path):
-    result = subprocess.run(train_command(tmp_path, "--max-minutes", "0.0001", "--no-evaluate"), check=True, cwd=ROOT,
-                            capture_output=True, text=True)  # fmt: skip
+def test_max_minutes_stops_early_with_a_checkpoint(tmp_path, capsys):
+    from training import train
+
+    train.main(["--run-dir", str(tmp_path), *TRAINING, "--max-minutes", "0.0001", "--no-evaluate"])
     # The first call (4 steps) takes longer than 6 ms: training stops there and saves it.
-    assert "Stopped at step 4 of 40: --max-minutes 0.0001 reached." in result.stdout
+    assert "Stopped at step 4 of 40: --max-minutes 0.0001 reached." in capsys.readouterr().out
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
     assert (tmp_path / "checkpoints" / "ckpt-4.index").exists()
 
@@ -75,7 +88,8 @@ def _start_workers(run_dir, flags, weights_out):
         env = {**os.environ, "PYTHONPATH": ROOT,
                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}  # fmt: skip
         command = ["timeout", "900", sys.executable, os.path.join(ROOT, "tests", "multiworker_worker.py"), "--run-dir",
-                   str(run_dir), *flags, "--strategy", "multiworker", "--weights-out", str(weights_out / f"worker{index}.npz")]  # fmt: skip
+                   str(run_dir), *flags, "--strategy", "multiworker", "--weights-out", str(weights_out / f"worker{index}.npz"),
+                   "--shards-written", str(weights_out / f"shards{index}.json")]  # fmt: skip
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [process.communicate(timeout=900)[0] for process in processes]
     for process, output in zip(processes, outputs):
@@ -83,36 +97,42 @@ def _start_workers(run_dir, flags, weights_out):
     return outputs
 
 
+def _shards_written(folder):
+    """The tokenized shards each worker wrote (tests/multiworker_worker.py --shards-written)."""
+    return [json.loads((folder / f"shards{index}.json").read_text()) for index in range(2)]
+
+
 @pytest.mark.slow
 def test_two_workers_each_read_a_share_and_train_and_resume_as_one_device_on_the_same_global_batches(
     three_shard_corpus, tmp_path
 ):
+    from backend_worker import batches_of_two_shares
+    from training.train import parse_args, train
+
     data = ["--dataset", str(three_shard_corpus), "--source-lang", "en", "--target-lang", "de"]
-    flags = [*FAST_TRAINING, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60"]
+    flags = [*TRAINING, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60"]
     run, reference = tmp_path / "run", tmp_path / "reference"
     _start_workers(run, [*flags, "--steps", "6"], tmp_path)
     assert (run / "checkpoints" / "ckpt-6.index").exists() and (run / "checkpoints" / "worker-1" / "ckpt-6.index").exists()
     assert json.loads((run / "training.json").read_text())["processes"] == 2
     # Each worker wrote the shards of its own share: 0 and 2, and 1.
+    assert _shards_written(tmp_path) == [[0, 2], [1]]
     assert len(list((run / "data").glob("tokenized-*/shard-*.tfrecord"))) == 3
-    # Resumed, each worker from its own checkpoint (its position in its share).
+    # Resumed, each worker from its own checkpoint (its position in its share), writing no shard again.
     outputs = _start_workers(run, [*flags, "--steps", "9"], tmp_path)
     assert f"Resumed from {run}/checkpoints/ckpt-6 at step 6." in outputs[0] and "Resumed" not in outputs[1]
+    assert _shards_written(tmp_path) == [[], []]
 
-    # One device, on global batches made of the two shares' rows (tests/backend_worker.py), the same way.
+    # One device, never interrupted, on global batches made of the two shares' rows the same way.
     os.makedirs(reference)
     shutil.copy(run / "tokenizer.model", reference / "tokenizer.model")
-    for steps in ("6", "9"):
-        command = ["timeout", "900", sys.executable, os.path.join(ROOT, "tests", "backend_worker.py"), "two-shares",
-                   str(reference), *flags, "--steps", steps, "--strategy", "cpu"]  # fmt: skip
-        subprocess.run(command, check=True, cwd=ROOT, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
+    with batches_of_two_shares():
+        train(parse_args(["--run-dir", str(reference), *flags, "--steps", "9", "--strategy", "cpu"]))
     expected = _weights(reference)
     for worker in ("worker0", "worker1"):
         with np.load(tmp_path / f"{worker}.npz") as weights:
-            assert len(weights.files) == len(expected) > 10
             # All-reduce sums in another order; key biases turn float noise into Adam steps (test_train).
-            for name, value in zip(weights.files, expected):
-                np.testing.assert_allclose(weights[name], value, rtol=1e-4, atol=5e-5)
+            _assert_same_weights([weights[name] for name in weights.files], expected, atol=5e-5)
     assert json.loads((run / "metrics.json").read_text())["steps"] == 9
 
 
@@ -125,9 +145,11 @@ def _scalar_tags(log_dir):
 
 
 @pytest.mark.slow
-def test_train_evaluate_and_average_from_the_command_line(cli_run, tmp_path):
+def test_train_evaluate_and_average_from_the_command_line(artifacts, tmp_path, capsys):
+    from training import average_checkpoints, evaluate
+
     run = tmp_path / "run"
-    shutil.copytree(cli_run, run)  # averaging writes into it
+    shutil.copytree(artifacts.tf_run, run)  # averaging writes into it
     metrics = json.loads((run / "metrics.json").read_text())
     assert {"bleu", "chrf", "signature", "chrf_signature", "steps", "train_seconds", "dev_bleu"} <= set(metrics)
     assert metrics["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
@@ -135,13 +157,15 @@ def test_train_evaluate_and_average_from_the_command_line(cli_run, tmp_path):
     assert len((run / "translations.test.txt").read_text().splitlines()) == 1000
     assert {"loss", "learning_rate", "target_tokens_per_second", "dropped_pairs"} <= _scalar_tags(run / "logs" / "train")
     assert {"bleu", "chrf"} <= _scalar_tags(run / "logs" / "dev")
+    printed = artifacts.output("tensorflow")  # what `python -m training.train` printed
+    assert "40/40" in printed and f"Test BLEU {metrics['bleu']}" in printed
 
-    averaged = subprocess.run([sys.executable, "-m", "training.average_checkpoints", "--run-dir", str(run), "--last", "3"],
-                              check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-    assert "Averaged 3 checkpoints (ckpt-24, ckpt-32, ckpt-40)" in averaged.stdout
-    evaluated = subprocess.run([sys.executable, "-m", "training.evaluate", "--run-dir", str(run), "--split", "dev", "--limit", "30"],
-                               check=True, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-    dev = json.loads(evaluated.stdout[evaluated.stdout.index("{") :])
+    capsys.readouterr()
+    average_checkpoints.main(["--run-dir", str(run), "--last", "3"])
+    assert "Averaged 3 checkpoints (ckpt-24, ckpt-32, ckpt-40)" in capsys.readouterr().out
+    evaluate.main(["--run-dir", str(run), "--split", "dev", "--limit", "30"])
+    out = capsys.readouterr().out
+    dev = json.loads(out[out.index("{") :])
     assert dev["sentences"] == 30 and dev["checkpoint"].endswith("averaged/ckpt-40.weights.h5")
 
 
@@ -178,15 +202,17 @@ def test_average_checkpoints_is_the_mean_and_is_used_only_while_newest(tmp_path,
 
 
 @pytest.mark.slow
-def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_and_exports(
+def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_and_exports_as_a_local_one(
     synthetic_corpus, tmp_path, capsys
 ):
     """TensorFlow's in-memory filesystem (ram://) stands in for a bucket: no POSIX calls, and a
-    folder cannot be renamed. A text-file corpus, so that the cut is written there too."""
+    folder cannot be renamed. A text-file corpus, so that the cut is written there too. The same
+    run in a local folder, never interrupted, ends with the same weights and translations."""
     import tensorflow as tf
 
     from export.saved_model import export
     from training.average_checkpoints import average_checkpoints
+    from training.evaluate import make_translator
     from training.run_folder import RunFolder
     from training.train import parse_args, train
 
@@ -194,11 +220,11 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     data.mkdir()
     for side, lang in enumerate(("en", "de")):
         (data / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in synthetic_corpus.text_pairs("train", 600)))
-    run_dir = "ram://runs/remote"
-    flags = ["--run-dir", run_dir, *FAST_TRAINING, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de",
-             "--checkpoint-every", "4", "--no-evaluate"]  # fmt: skip
-    train(parse_args([*flags, "--steps", "4"]))
-    _, metrics = train(parse_args([*flags, "--steps", "8"]))
+    flags = [*TRAINING, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de", "--checkpoint-every", "4",
+             "--no-evaluate"]  # fmt: skip
+    run_dir, local_dir = "ram://runs/remote", str(tmp_path / "local")
+    train(parse_args(["--run-dir", run_dir, *flags, "--steps", "4"]))
+    _, metrics = train(parse_args(["--run-dir", run_dir, *flags, "--steps", "8"]))
     assert f"Resumed from {run_dir}/checkpoints/ckpt-4 at step 4." in capsys.readouterr().out
     assert metrics["steps"] == 8
     run = RunFolder(run_dir)
@@ -209,5 +235,16 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     saved, _ = average_checkpoints(run_dir, last=2)
     assert saved == f"{run_dir}/averaged/ckpt-8.weights.h5" and run.latest_checkpoint() == saved
     served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports")))
-    assert served.signatures["serving_default"](text=tf.constant(["the dog sees a cat ."]))["translation"].shape == [1]
     assert not os.path.exists("ram:") and not os.path.exists(os.path.join(ROOT, "ram:"))  # nothing went to a local "ram:" folder
+
+    train(parse_args(["--run-dir", local_dir, *flags, "--steps", "8"]))
+    average_checkpoints(local_dir, last=2)
+    local = RunFolder(local_dir)
+    for checkpoint in ("checkpoints/ckpt-8", "averaged/ckpt-8.weights.h5"):
+        _assert_same_weights(_weights(run_dir, f"{run_dir}/{checkpoint}"), _weights(local_dir, f"{local_dir}/{checkpoint}"))
+    sources = [source for source, _ in synthetic_corpus.text_pairs("test", 16)]
+    result = served.signatures["serving_default"](text=tf.constant(sources))
+    model, _ = local.load_model()  # the averaged weights, as exported, with the export's (default) decoding
+    expected, scores = make_translator(model, local.load_tokenizer(), jit_compile=False)(sources)
+    assert [t.decode() for t in result["translation"].numpy()] == expected
+    np.testing.assert_allclose(result["score"].numpy(), scores, rtol=1e-4)

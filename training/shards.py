@@ -17,6 +17,7 @@ i % W == w: each worker (or host) reads, and tokenizes, a disjoint share, and to
 """
 
 import gzip
+import hashlib
 import itertools
 import json
 import math
@@ -153,7 +154,8 @@ class TfdsShards(TextShards):
 class TextFileShards(TextShards):
     """Shards cut from a pair of line-aligned text files into `directory` (see `cut_text_files`):
 
-        index.json                  the cut: pairs, shard sizes, the files it read
+        index.json                  the cut: pairs, shard sizes, the files it read (their sizes,
+                                    modification times and SHA-256)
         shard-NNNNN.src / .tgt      the pairs, one per line, in the files' order (stripped of
                                     white space at both ends when read, as bytes.strip does)
         sample.src / sample.tgt     the tokenizer's sample
@@ -193,13 +195,14 @@ def cut_text_files(source_path, target_path, directory, sample_size=TOKENIZER_SA
     `TextFileShards`.
     """
     files = {"source": os.path.abspath(source_path), "target": os.path.abspath(target_path)}
-    sizes = {side: os.path.getsize(path) for side, path in files.items()}
+    stats = {side: os.stat(path) for side, path in files.items()}
+    sizes = {side: stat.st_size for side, stat in stats.items()}
     index_path = os.path.join(directory, "index.json")
     if not cut:
         wait_for(index_path, "process 0 to cut the training files")
     if tf.io.gfile.exists(index_path):
         existing = TextFileShards(directory)
-        if existing.index["files"] == files and existing.index["file_sizes"] == sizes:
+        if existing.index["files"] == files and _unchanged(existing.index, files, stats):
             return existing
         raise ValueError(
             f"{directory} holds the training split cut from {existing.index['files']} "
@@ -209,15 +212,40 @@ def cut_text_files(source_path, target_path, directory, sample_size=TOKENIZER_SA
     if tf.io.gfile.exists(directory):  # a cut that was interrupted: it has no index.json
         tf.io.gfile.rmtree(directory)
     tf.io.gfile.makedirs(directory)
-    shard_sizes, sample = _cut(files["source"], files["target"], directory, sample_size, seed, pairs_per_shard)
+    shard_sizes, sample, digests = _cut(files["source"], files["target"], directory, sample_size, seed, pairs_per_shard)
     for suffix, lines in (("src", sample[0]), ("tgt", sample[1])):
         with tf.io.gfile.GFile(os.path.join(directory, f"sample.{suffix}"), "wb") as f:
             f.write(b"".join(lines))
-    index = {"files": files, "file_sizes": sizes, "shard_sizes": shard_sizes, "sample_pairs": len(sample[0]), "seed": seed}
+    index = {"files": files, "file_sizes": sizes, "file_mtimes_ns": {side: stat.st_mtime_ns for side, stat in stats.items()},
+             "file_sha256": dict(zip(files, digests)), "shard_sizes": shard_sizes, "sample_pairs": len(sample[0]),
+             "seed": seed}  # fmt: skip
     with tf.io.gfile.GFile(aside(index_path), "w") as f:
         json.dump(index, f, indent=2)
     tf.io.gfile.rename(aside(index_path), index_path, overwrite=True)  # last: the cut is complete
     return TextFileShards(directory)
+
+
+def _unchanged(index, files, stats):
+    """Whether `files` hold what the cut of `index` read: the same sizes, and the same
+    modification times or else the same SHA-256 (a copy). A cut of an earlier version, with
+    sizes only, is checked by size."""
+    if index["file_sizes"] != {side: stat.st_size for side, stat in stats.items()}:
+        return False
+    if "file_sha256" not in index or index["file_mtimes_ns"] == {side: stat.st_mtime_ns for side, stat in stats.items()}:
+        return True
+    return index["file_sha256"] == {side: _sha256(path) for side, path in files.items()}
+
+
+def _sha256(path):
+    """The SHA-256 of a text file's lines as the cut reads them: gunzipped, each ending in a newline."""
+    digest, last = hashlib.sha256(), b"\n"
+    with open_text(path) as f:
+        while block := f.read(_READ_BYTES):
+            digest.update(block)
+            last = block[-1:]
+    if last != b"\n":
+        digest.update(b"\n")
+    return digest.hexdigest()
 
 
 def aside(path, tag="tmp"):
@@ -270,8 +298,8 @@ def _lines_left(f):
 
 def _cut(source_path, target_path, directory, sample_size, seed, pairs_per_shard):
     """The streamed pass of `cut_text_files`; returns (shard sizes, (source sample, target
-    sample)), the sample's lines as bytes with their newlines."""
-    reservoir = _Reservoir(sample_size, seed)
+    sample), the files' `_sha256`), the sample's lines as bytes with their newlines."""
+    reservoir, digests = _Reservoir(sample_size, seed), (hashlib.sha256(), hashlib.sha256())
     shard_sizes, out = [], None
     total_bytes = os.path.getsize(source_path)
     progress = Progress(f"Reading {source_path} and {target_path}", None)
@@ -294,6 +322,8 @@ def _cut(source_path, target_path, directory, sample_size, seed, pairs_per_shard
             blocks = [b"".join(lines) for lines in sides]
             check_utf8(blocks[0], source_path, read + 1)
             check_utf8(blocks[1], target_path, read + 1)
+            for digest, block in zip(digests, blocks):
+                digest.update(block)
             reservoir.add(sources, targets, read)
             start, offsets = 0, [0, 0]
             while start < len(sources):  # fill the current shard, then the next
@@ -321,7 +351,7 @@ def _cut(source_path, target_path, directory, sample_size, seed, pairs_per_shard
     if not read:
         raise ValueError(f"{source_path} is empty.")
     progress.finish()
-    return shard_sizes, reservoir.sample()
+    return shard_sizes, reservoir.sample(), [digest.hexdigest() for digest in digests]
 
 
 class _Reservoir:

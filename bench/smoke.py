@@ -1,0 +1,42 @@
+"""The one tiny recipe: the run and the export that the benchmarks' smoke modes measure and that
+the test suite shares (tests/artifacts.py builds them once, under both backends).
+
+    TRAINING    `training.train` flags: the tiny config on the built-in corpus, 40 steps, no
+                dropout (two runs over the same data end with the same weights); callers add
+                the flags they need (evaluation, --backend)
+    run(...)    the run folder $KERAS_TRANSFORMER_SMOKE_RUN names, else one trained now
+    export(...) the SavedModel $KERAS_TRANSFORMER_SMOKE_EXPORT names (beam 4, the paper's
+                decoding), else the run exported now
+"""
+
+import os
+
+TRAINING = ["--steps", "40", "--checkpoint-every", "8", "--steps-per-call", "4", "--dropout", "0",
+            "--batch-tokens", "512", "--max-length", "24", "--vocab-size", "500", "--strategy", "cpu"]  # fmt: skip
+
+RUN_VARIABLE = "KERAS_TRANSFORMER_SMOKE_RUN"
+EXPORT_VARIABLE = "KERAS_TRANSFORMER_SMOKE_EXPORT"
+
+
+def run(scratch):
+    """The smoke run's folder: the one $KERAS_TRANSFORMER_SMOKE_RUN names (read only), else one
+    trained (with no evaluation) in `scratch`."""
+    if os.environ.get(RUN_VARIABLE):
+        return os.environ[RUN_VARIABLE]
+    from training import train
+
+    run_dir = os.path.join(scratch, "run")
+    if os.path.exists(os.path.join(run_dir, "metrics.json")):  # trained already, by an earlier call
+        return run_dir
+    train.train(train.parse_args(["--run-dir", run_dir, *TRAINING, "--no-evaluate"]))
+    return run_dir
+
+
+def export(scratch):
+    """The smoke run's SavedModel version folder (beam 4): the one $KERAS_TRANSFORMER_SMOKE_EXPORT
+    names, else `run(scratch)` exported into `scratch`."""
+    if os.environ.get(EXPORT_VARIABLE):
+        return os.environ[EXPORT_VARIABLE]
+    from export.saved_model import export as export_run
+
+    return export_run(run(scratch), os.path.join(scratch, "exports"))
