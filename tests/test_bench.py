@@ -1,7 +1,6 @@
 """Each benchmark runs in its seconds-long smoke mode and prints well-formed JSON lines."""
 
 import json
-import os
 import re
 import subprocess
 import sys

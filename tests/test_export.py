@@ -13,7 +13,6 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 
-from export.saved_model import export
 from export.serving import PARALLEL_SEARCHES
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
