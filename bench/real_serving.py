@@ -135,11 +135,12 @@ def prepare(run_dir, scratch, args, exports=None):
     sentences = os.path.join(scratch, "test.jsonl")
     with open(sentences, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
-    exports = {} if exports is None else exports  # {(beam size, stopping rule): export folder}; greedy has no rule
-    for size in args.beam_sizes if not exports else []:
-        for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
-            base = os.path.join(scratch, f"beam{size}_{stopping}")
-            exports[size, stopping] = export_search(run_dir, base, args.max_extra_length, beam_size=size, stopping=stopping)
+    if exports is None:  # {(beam size, stopping rule): export folder}; greedy search has no rule
+        exports = {}
+        for size in args.beam_sizes:
+            for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
+                base = os.path.join(scratch, f"beam{size}_{stopping}")
+                exports[size, stopping] = export_search(run_dir, base, args.max_extra_length, beam_size=size, stopping=stopping)
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
         return exports, None, sentences
