@@ -46,8 +46,8 @@ RECIPE = ["--config", "multi30k", "--no-xla", "--max-minutes", "108", "--checkpo
 # Beam sizes and alphas tried on val after the paper's (--beam-size, --alpha); test2016 is
 # translated once, with the best of them on val.
 DECODING_GRID = ((4, 1.0), (8, 0.6), (8, 1.0))
-# The smoke mode: bench/smoke.py's recipe, shortened, with dev points for the learning curve.
-SMOKE = ["--config", "tiny", *smoke.TRAINING, "--steps", "6", "--steps-per-call", "2", "--checkpoint-every", "2",
+# The smoke mode: bench/smoke.py's recipe for mechanics, shortened, with dev points for the learning curve.
+SMOKE = ["--config", "tiny", *smoke.MECHANICS, "--steps", "6", "--steps-per-call", "2", "--checkpoint-every", "2",
          "--eval-every-minutes", "0.001"]  # fmt: skip
 # The test split's file names: ours, then the Multi30k repository's.
 TEST_SPLITS = ("test2016", "test_2016_flickr")

@@ -2,9 +2,11 @@
 user runs, and read by every test that needs a trained run or an export (and, through the
 environment, by the subprocesses and the benchmarks' smoke modes that tests start).
 
-    tensorflow/           `python -m training.train` with the recipe, dev BLEU every 16 steps
-                          on 20 sentences and test BLEU at the end (tensorflow.out: its output)
-    jax/                  the same recipe under JAX (`--backend jax`), no evaluation
+    tensorflow/           `python -m training.train` with the recipe, dev BLEU every 80 steps
+                          on 20 sentences and test BLEU at the end, every checkpoint kept
+                          (tensorflow.out: its output)
+    jax/                  the recipe's MECHANICS (40 short steps) under JAX (`--backend jax`), no
+                          evaluation
     exports/float32/1, 4  the TensorFlow run exported with beam 1 (greedy) and beam 4
     exports/bfloat16/1, exports/float16/1
                           the same, beam 4, weights and matmuls in bfloat16 and float16
@@ -19,6 +21,9 @@ They are made in `.test-artifacts/KEY/` (or under $KERAS_TRANSFORMER_TEST_ARTIFA
 of the code that makes them and of the packages' versions: the next pytest session on the same
 code reuses them, a change of code makes them anew. A lock lets one pytest worker make them
 while the others wait. They are read only: a test that changes a run folder copies it first.
+Beside them, `jax-cache/` is JAX's persistent compilation cache for every JAX process that the
+suite starts: a run resumed, or the same step in another process, is not compiled twice. It goes
+with the artifacts of older code.
 
     python tests/artifacts.py          makes them (if needed) and prints their folder
 """
@@ -43,8 +48,9 @@ VARIABLE = "KERAS_TRANSFORMER_TEST_ARTIFACTS"
 SOURCES = ("keras_transformer", "training", "export", "bench/smoke.py", "tests/artifacts.py", "tests/backend_worker.py")
 PACKAGES = ("tensorflow", "keras", "jax", "jaxlib", "tensorflow-text", "sentencepiece", "numpy", "sacrebleu")
 TIMEOUT_SECONDS = 900  # each process that makes an artifact ends by itself within this
-# The TensorFlow run's evaluation during training (the recipe's test BLEU comes at the end).
-EVALUATION = ["--eval-every", "16", "--eval-sentences", "20"]
+# The TensorFlow run's evaluation during training (the recipe's test BLEU comes at the end), and
+# all its checkpoints kept: a test resumes a killed run of the recipe and compares with one.
+EVALUATION = ["--eval-every", "80", "--eval-sentences", "20", "--keep-checkpoints", "8"]
 REVERSAL_STEPS = 400
 
 
@@ -86,18 +92,27 @@ def key():
     return digest.hexdigest()[:16]
 
 
+def base():
+    """The folder of the artifacts, the lock and the JAX cache."""
+    return os.environ.get(VARIABLE) or os.path.join(ROOT, ".test-artifacts")
+
+
+def jax_cache_environment():
+    """The environment variables that give a JAX process the suite's compilation cache."""
+    return {"JAX_COMPILATION_CACHE_DIR": os.path.join(base(), "jax-cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 def ensure():
     """The artifacts of this code, made now unless they exist."""
-    base = os.environ.get(VARIABLE) or os.path.join(ROOT, ".test-artifacts")
-    folder = os.path.join(base, key())
+    folder = os.path.join(base(), key())
     if not os.path.exists(os.path.join(folder, "complete")):
-        os.makedirs(base, exist_ok=True)
-        with open(os.path.join(base, "lock"), "w") as lock:
+        os.makedirs(base(), exist_ok=True)
+        with open(os.path.join(base(), "lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be making them: wait for it
             if not os.path.exists(os.path.join(folder, "complete")):
-                for name in os.listdir(base):  # those of other code, and what a killed session left
+                for name in os.listdir(base()):  # those of other code, and what a killed session left
                     if name != "lock":
-                        shutil.rmtree(os.path.join(base, name))
+                        shutil.rmtree(os.path.join(base(), name))
                 _make(folder)
     return Artifacts(folder)
 
@@ -106,11 +121,11 @@ def _make(folder):
     start = time.monotonic()
     artifacts = Artifacts(folder)
     os.makedirs(folder)
-    train = [sys.executable, "-m", "training.train", *smoke.TRAINING]
+    train = [sys.executable, "-m", "training.train"]
     this = [sys.executable, os.path.abspath(__file__)]
     running = [
-        _start(folder, "tensorflow", [*train, "--run-dir", artifacts.tf_run, *EVALUATION]),
-        _start(folder, "jax", [*train, "--run-dir", artifacts.jax_run, "--backend", "jax", "--no-evaluate"]),
+        _start(folder, "tensorflow", [*train, *smoke.TRAINING, "--run-dir", artifacts.tf_run, *EVALUATION]),
+        _start(folder, "jax", [*train, *smoke.MECHANICS, "--run-dir", artifacts.jax_run, "--backend", "jax", "--no-evaluate"]),
         _start(folder, "reversal", [*this, "reversal", artifacts.reversal]),
     ]
     _wait(running[0])
@@ -130,7 +145,7 @@ def _make(folder):
 
 
 def _start(folder, name, command, backend="tensorflow"):
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
+    env = {**os.environ, **jax_cache_environment(), "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
     with open(os.path.join(folder, f"{name}.out"), "w") as out:
         process = subprocess.Popen(["timeout", str(TIMEOUT_SECONDS), *command], cwd=ROOT, env=env, stdout=out,
                                    stderr=subprocess.STDOUT)  # fmt: skip

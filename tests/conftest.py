@@ -1,11 +1,15 @@
-"""Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests."""
+"""Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, JAX's
+compilation cache for the JAX processes that tests start, the slow tests first."""
 
 import json
 import os
 import subprocess
 import sys
 
+import artifacts as shared
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.update(shared.jax_cache_environment())  # inherited by every process a test starts
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -17,6 +21,11 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
     [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
 )
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first (in their order), so that two workers do not end on one long test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)
@@ -108,8 +117,6 @@ def artifacts():
     """The suite's shared runs and exports (tests/artifacts.py), made once for this code. Read
     only: a test that changes a run folder copies it first. Subprocesses (the benchmarks' smoke
     modes) find the run and the beam-4 export through bench/smoke.py's variables."""
-    import artifacts as shared
-
     from bench import smoke
 
     made = shared.ensure()

@@ -62,7 +62,7 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
     if module == "bench.multihost":
         (record,) = records
         one, two = (record[f"{name}_tgt_tokens_per_s_per_device"] for name in ("one_process_4_devices", "two_processes_2_devices"))
-        assert record["ratio"] == pytest.approx(two / one, rel=0.01)
+        assert record["ratio"] == pytest.approx(two / one, rel=0.01, abs=0.001)  # printed to 3 decimals
     if module == "bench.multi30k":  # the learning curve has dev points, and metrics.json the extra figures
         assert records[0]["learning_curve"] == str(tmp_path / "run" / "learning_curve.png")
         assert (tmp_path / "run" / "learning_curve.png").read_bytes().startswith(b"\x89PNG")

@@ -87,16 +87,18 @@ def test_a_fresh_process_with_only_tensorflow_and_tf_text_and_no_onednn_translat
         expected_translations, expected_scores = _project_translations(run_dir, beam_size, sentences)
         assert translations == expected_translations, beam_size
         np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, err_msg=str(beam_size))
-    # The model's scores depend on the sentence: agreement below is not that of a constant. (Its
-    # translations do not yet: the shared run is trained for 40 steps.)
+    # The model's translations and scores depend on the sentence: agreement below is not that of a constant.
+    assert len(set(served[4][0])) >= len(sentences) * 3 // 4, served[4][0]
     assert len(set(np.round(served[4][1], 3))) >= len(sentences) // 2, served[4][1]
     full_translations, full_scores = map(np.array, served[4])
-    for precision in ("bfloat16", "float16"):
+    # 8 (bfloat16) or 11 (float16) bits of mantissa, about 0.4% or 0.05% an op; a score sums a
+    # sentence's log-probabilities (measured: up to 4% and 0.3%).
+    for precision, rtol in (("bfloat16", 0.05), ("float16", 0.01)):
         translations, scores = map(np.array, served[precision])
         same = translations == full_translations
-        # 8 (bfloat16) or 11 (float16) bits of mantissa: where two continuations are close, the search may take the other.
+        # Where two continuations are close, the search may take the other.
         assert np.mean(same) >= 0.8, (precision, np.mean(same))
-        np.testing.assert_allclose(scores[same], full_scores[same], rtol=0.01, err_msg=precision)  # about 0.4% an op
+        np.testing.assert_allclose(scores[same], full_scores[same], rtol=rtol, err_msg=precision)
 
 
 def test_the_signature_and_assets(exported):
@@ -399,13 +401,12 @@ def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_lo
     empty = signature(text=tf.constant(SENTENCES), prefix=tf.constant(["", "", ""]))
     np.testing.assert_array_equal(empty["translation"], best["translation"])
     np.testing.assert_allclose(empty["score"], best["score"], rtol=1e-6)
-    # Each sentence's own prefix: the start of its second-best translation, or none.
-    second = [t.decode() for t in loaded.n_best(tf.constant(SENTENCES), tf.constant([2, 2, 2]))["translations"][:, 1].numpy()]
-    prefixes = [" ".join(second[0].split()[:2]), second[1].split()[0], ""]
+    # Each sentence's own prefix, one that its best translation does not start with, or none.
+    prefixes = ["Der kleine Hund", "Meine", ""]
+    assert not any(t.decode().startswith(p) for t, p in zip(best["translation"].numpy()[:2], prefixes[:2]))
     result = signature(text=tf.constant(SENTENCES), prefix=tf.constant(prefixes))
     translations = [t.decode() for t in result["translation"].numpy()]
     assert all(t.startswith(p) for t, p in zip(translations, prefixes)) and translations[2] == best["translation"][2].numpy().decode()
-    assert translations[:2] != [t.decode() for t in best["translation"].numpy()[:2]]
     run = RunFolder(run_dir)
     tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
     expected = decode(model, tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor(), DecodingSettings(),

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bench.smoke import TRAINING
+from bench.smoke import MECHANICS
 from conftest import ROOT, WORKER, run_under
 from keras_transformer import Transformer, TransformerConfig
 
 # Every test here reads what JAX processes computed: slow. (tests/test_search.py compares the
 # backends' decoding in the fast suite.)
-pytestmark = pytest.mark.slow
+# One worker runs them all: they share one JAX process (the under_jax module fixture).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("jax")]
 
 
 def _weights(path, config):
@@ -69,7 +70,7 @@ OVERFIT_PAIRS = 8
 @pytest.fixture(scope="module")
 def under_jax(start, artifacts, synthetic_corpus, synthetic_sentencepiece, tmp_path_factory):
     """What one JAX process (two host devices) did and printed, in order: the steps of
-    JAX_STEPS; a run of bench/smoke.py's recipe that crashes while saving, resumed; the shared
+    JAX_STEPS; a run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared
     JAX run (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and
     averaged; and greedy and beam search of a run that `python -m training.train --backend jax`
     trained on 8 pairs. Returns (its outputs by name, folder, the 8 pairs)."""
@@ -105,10 +106,10 @@ def under_jax(start, artifacts, synthetic_corpus, synthetic_sentencepiece, tmp_p
     commands = {
         **{name: ["step", str(path / "init.weights.h5"), str(path / "batch.npz"), "3", str(folder / name), policy, str(devices)]
            for name, (policy, devices) in JAX_STEPS.items()},
-        "crash": ["crash-mid-save", crashed, *TRAINING, "--no-evaluate"],
-        "resume": ["train", "--run-dir", crashed, *TRAINING, "--no-evaluate"],
+        "crash": ["crash-mid-save", crashed, *MECHANICS, "--no-evaluate"],
+        "resume": ["train", "--run-dir", crashed, *MECHANICS, "--no-evaluate"],
         "evaluate": ["evaluate", "--run-dir", str(shared), "--split", "test", "--limit", "8"],
-        "remote": ["remote", "ram://runs/jax", *TRAINING, "--checkpoint-every", "4", "--no-evaluate"],
+        "remote": ["remote", "ram://runs/jax", *MECHANICS, "--checkpoint-every", "4", "--no-evaluate"],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
     }  # fmt: skip
     outputs = json.loads(run_under("jax", WORKER, "session", json.dumps(list(commands.values())), devices=2).splitlines()[-1])

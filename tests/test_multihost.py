@@ -14,15 +14,17 @@ import time
 import numpy as np
 import pytest
 
-from bench.smoke import TRAINING
+from bench.smoke import MECHANICS
 from conftest import ROOT, WORKER
 from keras_transformer import Transformer
 from training.run_folder import RunFolder
 
-# bench/smoke.py's recipe, shorter, on a folder of text files.
-FLAGS = [*TRAINING, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate", "--source-lang", "en", "--target-lang", "de"]
+# bench/smoke.py's recipe for mechanics, shorter, on a folder of text files.
+FLAGS = [*MECHANICS, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate", "--source-lang", "en", "--target-lang", "de"]
 LIMIT_SECONDS = 600  # each process a test starts ends by itself within this
 TRAINER = os.path.join(ROOT, "tests", "multiworker_worker.py")  # training.train, recording the shards written
+# One worker runs them all: two of them compare with the two_processes module fixture's run.
+pytestmark = pytest.mark.xdist_group("multihost")
 
 
 def _free_port():

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench.smoke import TRAINING
+from bench.smoke import MECHANICS, TRAINING
 from conftest import ROOT
 
 
@@ -39,35 +39,35 @@ def test_training_killed_with_sigkill_resumes_where_it_stopped(artifacts, tmp_pa
     resumed = tmp_path / "resumed"
     os.makedirs(resumed)
     shutil.copy(os.path.join(straight, "tokenizer.model"), resumed / "tokenizer.model")
-    flags = ["--run-dir", str(resumed), *TRAINING, "--no-evaluate"]
+    flags = ["--run-dir", str(resumed), *TRAINING, "--steps", "40", "--no-evaluate"]  # its first 40 steps
 
-    # Killed as soon as the run announces its checkpoint at step 16.
+    # Killed as soon as the run announces its checkpoint at step 20.
     process = subprocess.Popen(["timeout", "600", sys.executable, "-m", "training.train", *flags], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     for line in process.stdout:
-        if "checkpoints/ckpt-16 at step 16." in line:
+        if "checkpoints/ckpt-20 at step 20." in line:
             process.send_signal(signal.SIGKILL)
             break
     process.wait()
-    assert process.returncode == -signal.SIGKILL, "the run ended before its checkpoint at step 16"
+    assert process.returncode == -signal.SIGKILL, "the run ended before its checkpoint at step 20"
 
     capsys.readouterr()
     train.main(flags)  # the rerun: in this process
     out = capsys.readouterr().out
     resumed_from = int(out.split("Resumed from ")[1].split(" at step ")[1].split(".")[0])
-    assert 16 <= resumed_from < 40, out
+    assert 20 <= resumed_from < 40, out
     assert f"Resumed from {resumed}/checkpoints/ckpt-{resumed_from} at step {resumed_from}." in out
-    for run in (straight, resumed):
+    for run, steps in ((straight, 160), (resumed, 40)):
         with open(os.path.join(run, "metrics.json")) as f:
             metrics = json.load(f)
-        assert (metrics["steps"], metrics["backend"]) == (40, "tensorflow")
+        assert (metrics["steps"], metrics["backend"]) == (steps, "tensorflow")
     _assert_same_weights(_weights(resumed), _weights(straight, os.path.join(straight, "checkpoints", "ckpt-40")))
 
 
 def test_max_minutes_stops_early_with_a_checkpoint(tmp_path, capsys):
     from training import train
 
-    train.main(["--run-dir", str(tmp_path), *TRAINING, "--max-minutes", "0.0001", "--no-evaluate"])
+    train.main(["--run-dir", str(tmp_path), *MECHANICS, "--max-minutes", "0.0001", "--no-evaluate"])
     # The first call (4 steps) takes longer than 6 ms: training stops there and saves it.
     assert "Stopped at step 4 of 40: --max-minutes 0.0001 reached." in capsys.readouterr().out
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
@@ -110,7 +110,7 @@ def test_two_workers_each_read_a_share_and_train_and_resume_as_one_device_on_the
     from training.train import parse_args, train
 
     data = ["--dataset", str(three_shard_corpus), "--source-lang", "en", "--target-lang", "de"]
-    flags = [*TRAINING, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60"]
+    flags = [*MECHANICS, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60"]
     run, reference = tmp_path / "run", tmp_path / "reference"
     _start_workers(run, [*flags, "--steps", "6"], tmp_path)
     assert (run / "checkpoints" / "ckpt-6.index").exists() and (run / "checkpoints" / "worker-1" / "ckpt-6.index").exists()
@@ -153,20 +153,20 @@ def test_train_evaluate_and_average_from_the_command_line(artifacts, tmp_path, c
     metrics = json.loads((run / "metrics.json").read_text())
     assert {"bleu", "chrf", "signature", "chrf_signature", "steps", "train_seconds", "dev_bleu"} <= set(metrics)
     assert metrics["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
-    assert metrics["steps"] == 40 and metrics["sentences"] == 1000
+    assert metrics["steps"] == 160 and metrics["sentences"] == 1000
     assert len((run / "translations.test.txt").read_text().splitlines()) == 1000
     assert {"loss", "learning_rate", "target_tokens_per_second", "dropped_pairs"} <= _scalar_tags(run / "logs" / "train")
     assert {"bleu", "chrf"} <= _scalar_tags(run / "logs" / "dev")
     printed = artifacts.output("tensorflow")  # what `python -m training.train` printed
-    assert "40/40" in printed and f"Test BLEU {metrics['bleu']}" in printed
+    assert "160/160" in printed and f"Test BLEU {metrics['bleu']}" in printed
 
     capsys.readouterr()
     average_checkpoints.main(["--run-dir", str(run), "--last", "3"])
-    assert "Averaged 3 checkpoints (ckpt-24, ckpt-32, ckpt-40)" in capsys.readouterr().out
+    assert "Averaged 3 checkpoints (ckpt-120, ckpt-140, ckpt-160)" in capsys.readouterr().out
     evaluate.main(["--run-dir", str(run), "--split", "dev", "--limit", "30"])
     out = capsys.readouterr().out
     dev = json.loads(out[out.index("{") :])
-    assert dev["sentences"] == 30 and dev["checkpoint"].endswith("averaged/ckpt-40.weights.h5")
+    assert dev["sentences"] == 30 and dev["checkpoint"].endswith("averaged/ckpt-160.weights.h5")
 
 
 def test_average_checkpoints_is_the_mean_and_is_used_only_while_newest(tmp_path, capsys):
@@ -220,7 +220,7 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     data.mkdir()
     for side, lang in enumerate(("en", "de")):
         (data / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in synthetic_corpus.text_pairs("train", 600)))
-    flags = [*TRAINING, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de", "--checkpoint-every", "4",
+    flags = [*MECHANICS, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de", "--checkpoint-every", "4",
              "--no-evaluate"]  # fmt: skip
     run_dir, local_dir = "ram://runs/remote", str(tmp_path / "local")
     train(parse_args(["--run-dir", run_dir, *flags, "--steps", "4"]))
