@@ -26,7 +26,6 @@ greedy search, on our weights, gives our tokens and log-probabilities.
 """
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile

@@ -14,7 +14,6 @@ Keras backend, its own peak memory).
 """
 
 import argparse
-import os
 import sys
 
 from training.quiet import quiet_tensorflow
