@@ -5,28 +5,19 @@ processes): trains through training.train with the remaining flags, then
     --shards-written PATH   writes the numbers of the tokenized shards this process wrote (JSON)
 """
 
+import argparse
 import json
-import sys
 
 import numpy as np
 
 from training import shards
 from training.train import parse_args, train
 
-
-def _take(argv, flag):
-    """The value of `flag` in `argv`, removed from it (None if absent)."""
-    if flag not in argv:
-        return None
-    index = argv.index(flag)
-    value = argv[index + 1]
-    del argv[index : index + 2]
-    return value
-
-
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    weights_out, shards_out = _take(argv, "--weights-out"), _take(argv, "--shards-written")
+    parser = argparse.ArgumentParser(allow_abbrev=False)  # the rest are training.train's flags
+    parser.add_argument("--weights-out")
+    parser.add_argument("--shards-written")
+    ours, argv = parser.parse_known_args()
     written, write = [], shards.TokenizedShards._write
 
     def recorded(self, shard, *args):
@@ -36,8 +27,8 @@ if __name__ == "__main__":
 
     shards.TokenizedShards._write = recorded
     model, _ = train(parse_args(argv))
-    if weights_out:
-        np.savez(weights_out, *model.get_weights())
-    if shards_out:
-        with open(shards_out, "w") as f:
+    if ours.weights_out:
+        np.savez(ours.weights_out, *model.get_weights())
+    if ours.shards_written:
+        with open(ours.shards_written, "w") as f:
             json.dump(sorted(written), f)
