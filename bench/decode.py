@@ -15,7 +15,7 @@ op); `cached` is one search with TensorFlow's default threads.
 line their median ratio to the float32 served row of the same beam size and round.
 
 Random weights; EOS is never produced (`eos_id=-1`; CTranslate2: `min_decoding_length`) and every
-source has `--length` tokens with `max_extra_length=0`, so every run generates exactly
+source has `--length` tokens with `max_length_b=0`, so every run generates exactly
 `--length` tokens per sentence and the runs compare. `gen_tokens_per_s` counts the output tokens
 of the sentences (batch x length), not the hypotheses inside the beam. Each measurement runs in
 its own process (its own peak memory). CTranslate2's speed drifts by up to 30% from one minute
@@ -96,7 +96,7 @@ def measure(mode, beam_size, xla, args, precision="float32"):
         decode = lambda s: full_recompute_greedy(model, s, args.length)  # noqa: E731
     else:
         execution = Execution.choose(compiled=True, platform="cpu") if xla else SERVED_EXECUTION
-        options = dict(max_extra_length=0, execution=execution, eos_id=-1)
+        options = dict(max_length_b=0, execution=execution, eos_id=-1)
         if beam_size == 1:
             search = lambda s: greedy_search(model, s, **options)  # noqa: E731
         else:
@@ -113,7 +113,7 @@ def _check_same_greedy_search(model, translator, source, length):
     """CTranslate2's greedy search on our weights gives our tokens, and log-probabilities within
     0.5% (its kernels round differently, by about 0.002 per token): the weights are mapped right,
     and both decoders agree."""
-    ours = greedy_search(model, source, max_extra_length=0, alpha=0.0)  # alpha 0: the plain log-probability
+    ours = greedy_search(model, source, max_length_b=0, alpha=0.0)  # alpha 0: the plain log-probability
     tokens, scores = ctranslate2_reference.translate(translator, source, 1, length)
     expected = [[int(t) for t in row if t != PAD_ID] for row in keras.ops.convert_to_numpy(ours.tokens)]
     assert tokens == expected, "CTranslate2's greedy tokens differ from ours"

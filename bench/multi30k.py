@@ -90,8 +90,8 @@ def run(data_dir, run_dir, extra_flags=(), probe=False):
     (averaged_model, averaged_path), (last_model, _) = folder.load_model(), folder.load_model(last_path)
     models = {"averaged": averaged_model, "last": last_model}
     grid = () if probe else DECODING_GRID  # probes compare recipes at the paper's decoding
-    dev, tried = choose_on_val(models, tokenizer, corpus, DecodingSettings(args.beam_size, args.alpha), grid, run_dir)
-    model, settings = models[dev["checkpoint"]], DecodingSettings(dev["beam_size"], dev["alpha"])
+    dev, tried = choose_on_val(models, tokenizer, corpus, DecodingSettings(beam_size=args.beam_size, alpha=args.alpha), grid, run_dir)
+    model, settings = models[dev["checkpoint"]], DecodingSettings(beam_size=dev["beam_size"], alpha=dev["alpha"])
     metrics = {
         **evaluate.prefixed(dev, "dev"),
         "dev_tried": [{key: row[key] for key in ("checkpoint", "beam_size", "alpha", "bleu")} for row in tried],
@@ -145,7 +145,7 @@ def choose_on_val(models, tokenizer, corpus, default, grid, run_dir):
     chosen = max(tried, key=lambda row: row["bleu"])["checkpoint"]
     for beam_size, alpha in grid:
         if (beam_size, alpha) != (default.beam_size, default.alpha):
-            translate_val(chosen, DecodingSettings(beam_size, alpha, default.max_extra_length))
+            translate_val(chosen, DecodingSettings(beam_size=beam_size, alpha=alpha))
     best = max(tried, key=lambda row: row["bleu"])
     os.replace(best["path"], os.path.join(run_dir, "translations.dev.txt"))
     for row in tried:

@@ -58,7 +58,7 @@ def measure_ours(export_dir, sentences, batch):
     return _timed_pass(translate, sentences, batch)
 
 
-def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_size, alpha, max_extra_length):
+def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_size, alpha, max_length_b):
     import ctranslate2
     import sentencepiece
 
@@ -74,7 +74,7 @@ def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_si
         sources = [[token(i) for i in row] + [token(EOS_ID)] for row in pieces.encode(texts)]
         results = translator.translate_batch(
             sources, beam_size=beam_size, length_penalty=alpha, suppress_sequences=[[token(PAD_ID)]],
-            max_decoding_length=max(len(source) for source in sources) + max_extra_length,
+            max_decoding_length=max(len(source) for source in sources) + max_length_b,
         )  # fmt: skip
         return pieces.decode([[ids[t] for t in result.hypotheses[0]] for result in results])
 
@@ -106,7 +106,7 @@ def worker(args):
     else:
         translations, seconds = measure_ctranslate2(args.ctranslate2_dir, os.path.join(args.export_dir, "assets", "sentencepiece.model"),
                                                     sources, args.batch, decoding["beam_size"], decoding["alpha"],
-                                                    decoding["max_extra_length"])  # fmt: skip
+                                                    decoding["max_length_b"])  # fmt: skip
     emit({
         "benchmark": "real_serving",
         "system": args.worker,
@@ -140,7 +140,7 @@ def prepare(run_dir, scratch, args, exports=None):
         for size in args.beam_sizes:
             for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
                 base = os.path.join(scratch, f"beam{size}_{stopping}")
-                exports[size, stopping] = export_search(run_dir, base, args.max_extra_length, beam_size=size, stopping=stopping)
+                exports[size, stopping] = export_search(run_dir, base, args.max_length_b, beam_size=size, stopping=stopping)
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
         return exports, None, sentences
@@ -178,7 +178,7 @@ def main():
     parser.add_argument("--batch-sizes", default="32,1")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement runs, the systems alternating")
     parser.add_argument("--limit", type=int, help="the first N test sentences (default: all)")
-    parser.add_argument("--max-extra-length", type=int, help="as python -m export (default: its default)")
+    parser.add_argument("--max-length-b", type=int, help="as python -m export (default: its default)")
     parser.add_argument("--worker", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
     for hidden in ("--export-dir", "--ctranslate2-dir", "--sentences"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)

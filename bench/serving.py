@@ -95,14 +95,14 @@ def _metadata(export_dir):
         return json.load(f)
 
 
-def export_search(run_dir, base, max_extra_length=None, **settings):
+def export_search(run_dir, base, max_length_b=None, **settings):
     """The run exported to `base` as `python -m export` does, with `settings` (`DecodingSettings`'
-    fields) and `max_extra_length` (None: its default); returns the version folder."""
+    fields) and `max_length_b` (None: its default); returns the version folder."""
     from export.saved_model import export
     from keras_transformer.search import DecodingSettings
 
-    if max_extra_length is not None:
-        settings["max_extra_length"] = max_extra_length
+    if max_length_b is not None:
+        settings["max_length_b"] = max_length_b
     return export(run_dir, base, DecodingSettings(**settings))
 
 
@@ -116,7 +116,7 @@ def export_and_measure(run_dir, scratch, args, export_dirs=None):
     with open(sentences_path, "w", encoding="utf-8") as f:
         f.writelines(sentence + "\n" for sentence in sources)
     if export_dirs is None:
-        export_dirs = [export_search(run_dir, os.path.join(scratch, f"beam{size}"), args.max_extra_length, beam_size=size)
+        export_dirs = [export_search(run_dir, os.path.join(scratch, f"beam{size}"), args.max_length_b, beam_size=size)
                        for size in args.beam_sizes]  # fmt: skip
     for export_dir in export_dirs:
         run_isolated("bench.serving", [f"--only={export_dir}", f"--sentences={sentences_path}",
@@ -130,7 +130,7 @@ def main():
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--batch-sizes", default="1,32")
     parser.add_argument("--requests", type=int, default=50, help="timed requests per batch size")
-    parser.add_argument("--max-extra-length", type=int, help="as python -m export (default: its default)")
+    parser.add_argument("--max-length-b", type=int, help="as python -m export (default: its default)")
     parser.add_argument("--only", help="measure this export folder (in this process)")
     parser.add_argument("--sentences", help="with --only: a file of source sentences")
     parser.add_argument("--tensorflow-threads", action="store_true",

@@ -26,7 +26,7 @@ def main(argv=None):
     parser.add_argument("--run-dir", required=True, help="a run folder of training.train")
     parser.add_argument("--out", required=True, help="the model base path; the export goes to OUT/<version>/")
     add_decoding_flags(parser)
-    parser.add_argument("--max-extra-length", type=int, default=DecodingSettings.max_extra_length,
+    parser.add_argument("--max-length-b", type=int, default=DecodingSettings.max_length_b,
                         help="output tokens beyond the source length")  # fmt: skip
     parser.add_argument("--alignment-layer", type=int, default=DecodingSettings.alignment_layer,
                         help="the decoder layer whose attention the alignments signature returns (-1: the last)")
@@ -40,7 +40,7 @@ def main(argv=None):
                         "GPUs (softmax, logits and scores stay float32)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        settings = decoding_settings(args, max_extra_length=args.max_extra_length, alignment_layer=args.alignment_layer)
+        settings = decoding_settings(args, max_length_b=args.max_length_b, alignment_layer=args.alignment_layer)
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
                         searches=args.searches, precision=args.precision)  # fmt: skip
     except ValueError as error:

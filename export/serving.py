@@ -23,7 +23,7 @@ Each function is both a method of the loaded module and a signature of TF Servin
   as `serving_default`'s, the translation starting with the prefix's pieces (the prefix is cut
   into pieces on its own), the score counting them as the model's log-probabilities. A prefix
   of more pieces than the sentence's translation may have (its source's pieces +
-  `max_extra_length`) is refused.
+  `max_length_b`) is refused.
 - `sample`, the `sample` signature: inputs `text`, and for each sentence (each [None]): `samples`
   (tf.int32, 1 to `MAX_SAMPLES`, the translations to draw), `temperature` (tf.float32, > 0),
   `top_k` (tf.int32, >= 0, 0 for every token), `top_p` (tf.float32, in (0, 1]) and `seed`
@@ -37,7 +37,7 @@ and no XLA.
 
 Bad input still gets one result per line: bytes that are not UTF-8 are replaced by U+FFFD, a
 source longer than the model's `max_length` tokens is cut there, and outputs have at most
-`max_length + max_extra_length` tokens, so no request can take unbounded memory. An input that
+`max_length_a * max_length + max_length_b` tokens, so no request can take unbounded memory. An input that
 is not a vector of strings (TF Serving passes on any shape) is refused with InvalidArgument.
 
 A request's sentences are decoded by `PARALLEL_SEARCHES` independent searches (`in_parallel`),
@@ -140,10 +140,10 @@ class Translator(tf.Module):
     def prefix(self, text, prefix):
         source_ids = self._source_ids(text)
         prefix_ids = self.tokenizer.tokenize(_clean(_per_sentence(prefix, PREFIX_SPEC, text))).to_tensor()  # [batch, p]
-        limit, _ = length_limits(self.model, source_ids, self.settings.max_extra_length, None)  # [batch]
+        limit, _ = length_limits(self.model, source_ids, self.settings, None)  # [batch]
         pieces = tf.reduce_sum(tf.cast(prefix_ids != PAD_ID, tf.int32), axis=1)
-        message = (f"prefix has more pieces than a translation of its sentence may have (the pieces of the source + "
-                   f"max_extra_length, {self.settings.max_extra_length})")  # fmt: skip
+        message = (f"prefix has more pieces than a translation of its sentence may have (max_length_a "
+                   f"{self.settings.max_length_a} * the pieces of the source + max_length_b {self.settings.max_length_b})")  # fmt: skip
         with tf.control_dependencies([tf.debugging.assert_less_equal(pieces, limit, message=message)]):
             result = self._search(self.settings, source_ids, prefix_ids)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
@@ -189,9 +189,8 @@ class Translator(tf.Module):
 
     def _sample(self, source_ids, seed, temperature, top_k, top_p, samples):
         def sample(ids, seed, temperature, top_k, top_p, samples):
-            return sample_search(self.model, ids, seed, num_samples=samples, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, alpha=self.settings.alpha, max_extra_length=self.settings.max_extra_length,
-                                 execution=SERVED_EXECUTION)  # fmt: skip
+            return sample_search(self.model, ids, seed, self.settings, num_samples=samples, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, execution=SERVED_EXECUTION)  # fmt: skip
 
         specs = [IDS_SPEC, *(tf.TensorSpec([None], value.dtype) for value in (seed, temperature, top_k, top_p)),
                  tf.TensorSpec([], tf.int32)]  # fmt: skip

@@ -11,8 +11,9 @@
     decode WEIGHTS SOURCES_NPY             greedy and beam 4 search of the model in WEIGHTS
                                            (.weights.h5 beside its config .json), compiled for the
                                            backend, on source ids, and both with a target prefix
-                                           (`PREFIX`), and sampling (`SAMPLING`); prints JSON
-                                           tokens and scores
+                                           (`PREFIX`), and sampling (`SAMPLING`), and both with
+                                           per-sentence options (`processed_options`); prints
+                                           JSON tokens and scores
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
     train ...FLAGS, evaluate ...FLAGS      training.train's and training.evaluate's main
@@ -93,7 +94,7 @@ def decode(weights_path, sources_path):
 
     def searches():  # name -> (compiled search, its inputs)
         for beam_size in (1, 4):
-            settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
+            settings = DecodingSettings(beam_size=beam_size, max_length_b=4)
 
             def prefixed(ids, prefix, execution, settings=settings):
                 return decode_with(model, ids, settings, execution, target_prefix=prefix)
@@ -105,6 +106,13 @@ def decode(weights_path, sources_path):
             return sample_search(model, ids, np.arange(len(sources)), execution=execution, **SAMPLING)
 
         yield "sample", evaluate.compile_for_backend(model, sampled), (sources,)
+        for width in (1, 4):
+            options = processed_options(len(sources), width)
+
+            def processed(ids, execution, options=options):
+                return decode_with(model, ids, DecodingSettings(max_length_b=4, **options), execution)
+
+            yield f"{width} options", evaluate.compile_for_backend(model, processed), (sources,)
 
     result = {}
     for name, search, inputs in searches():
@@ -115,7 +123,21 @@ def decode(weights_path, sources_path):
 
 # The target prefixes and sampling options `decode` searches with, under each backend.
 PREFIX = np.array([[5, 6], [7, 0], [0, 0]], "int32")
-SAMPLING = dict(num_samples=2, temperature=1.5, top_k=6, top_p=0.9, max_extra_length=4)
+SAMPLING = dict(num_samples=2, temperature=1.5, top_k=6, top_p=0.9, max_length_b=4)
+
+
+def processed_options(batch, width):
+    """Per-sentence decoding options for `decode`'s "options" searches: every processor on for
+    some sentences; beam sizes 1 to `width`."""
+    return dict(
+        beam_size=np.resize(np.arange(1, width + 1, dtype="int32"), batch),
+        alpha=np.resize(np.array([0.6, 1.0], "float32"), batch),
+        min_length=np.resize(np.array([0, 3, 5], "int32"), batch),
+        no_repeat_ngram_size=np.resize(np.array([1, 0, 2], "int32"), batch),
+        repetition_penalty=np.resize(np.array([1.0, 1.5], "float32"), batch),
+        disable_unk=np.resize(np.array([True, False]), batch),
+        suppress_sequences=np.resize(np.array([[[5, 0], [6, 7]], [[0, 0], [0, 0]]], "int32"), (batch, 2, 2)),
+    )
 
 
 def translate(run_dir, sources_json):
@@ -126,7 +148,7 @@ def translate(run_dir, sources_json):
     batch = tokenizer.encode_source(tf.constant(sources)).to_tensor().numpy()
     result = {}
     for name, beam_size in (("greedy", 1), ("beam", 4)):
-        settings = DecodingSettings(beam_size=beam_size, max_extra_length=10)
+        settings = DecodingSettings(beam_size=beam_size, max_length_b=10)
         tokens, scores = evaluate.compile_search(model, settings)(batch)
         texts = tokenizer.detokenize(keras.ops.convert_to_numpy(tokens)).numpy()
         result[name] = [[t.decode() for t in texts], keras.ops.convert_to_numpy(scores).tolist()]

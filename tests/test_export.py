@@ -557,7 +557,7 @@ def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
     cut = translate([(word + " ") * 20000, (word + " ") * (max_length - 1)])
     assert cut["translation"][0] == cut["translation"][1]
     np.testing.assert_allclose(cut["score"][0], cut["score"][1], rtol=1e-6)
-    # Outputs have at most max_length + max_extra_length tokens.
+    # Outputs have at most max_length + max_length_b tokens.
     pieces = tokenizer.tokenize(cut["translation"]).row_lengths().numpy()
     assert np.all(pieces <= max_length + 50)
 
@@ -635,7 +635,7 @@ def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recor
         os.symlink(exported[version], base / str(version))
     export_command = ["--run-dir", run_dir, "--out", str(base)]
     for flags, error in ((["--version", "4"], f"error: {base}/4 exists already: choose another --version."),
-                         (["--beam-size", "0"], "error: Decoding needs beam_size >= 1"),
+                         (["--beam-size", "0"], "error: Decoding option beam_size must be at least 1"),
                          (["--alignment-layer", "7"], r"error: alignment_layer 7: the decoder has 2 layers \(-2 to 1\)"),
                          (["--searches", "0"], "error: --searches must be at least 1; got 0.")):  # fmt: skip
         with pytest.raises(SystemExit, match=error):  # before anything is traced
@@ -643,13 +643,13 @@ def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recor
 
     assert next_version(str(base)) == 5
     first_step, first = RunFolder(run_dir).checkpoints()[0]
-    options = ["--checkpoint", first, "--beam-size", "1", "--max-extra-length", "0", "--searches", "3", "--stopping", "first_k"]
+    options = ["--checkpoint", first, "--beam-size", "1", "--max-length-b", "0", "--searches", "3", "--stopping", "first_k"]
     capsys.readouterr()
     main(export_command + options)
     assert capsys.readouterr().out.strip() == f"Exported to {base}/5" and next_version(str(base)) == 6
     with open(os.path.join(base, "5", "assets", "metadata.json")) as f:
         metadata = json.load(f)
-    recorded = [metadata[key] for key in ("checkpoint", "beam_size", "max_extra_length", "searches", "stopping")]
+    recorded = [metadata[key] for key in ("checkpoint", "beam_size", "max_length_b", "searches", "stopping")]
     assert recorded == [first, 1, 0, 3, "first_k"]
     assert first_step < RunFolder(run_dir).checkpoints()[-1][0]
     # With no extra length an output is at most as long as its source (with its end of sentence).

@@ -223,7 +223,7 @@ def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(under_jax, t
     assert translated["greedy"][0] == targets
     assert translated["beam"][0] == targets
 
-    served = tf.saved_model.load(export(run, str(tmp_path / "exports"), DecodingSettings(max_extra_length=10)))
+    served = tf.saved_model.load(export(run, str(tmp_path / "exports"), DecodingSettings(max_length_b=10)))
     result = served.translate(tf.constant(sources))
     assert [t.decode() for t in result["translation"].numpy()] == targets
     np.testing.assert_allclose(result["score"].numpy(), translated["beam"][1], rtol=1e-4, atol=1e-6)

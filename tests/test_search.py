@@ -10,62 +10,7 @@ from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerCo
 from keras_transformer.common import take_per_row
 from keras_transformer.search import Execution, SearchResult, beam_search, greedy_search, length_penalty
 from keras_transformer.search import top_k as top_k_module
-
-
-def _model(vocab_size, seed=3, **overrides):
-    keras.utils.set_random_seed(seed)
-    values = dict(num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.0)
-    return Transformer(TransformerConfig.tiny(vocab_size, **{**values, **overrides}))
-
-
-def _sources(rng, lengths, vocab_size):
-    ids = np.zeros((len(lengths), max(lengths)), "int32")
-    for row, length in enumerate(lengths):
-        ids[row, :length] = rng.integers(4, vocab_size, size=length)
-    return ids
-
-
-class _EosLogit:
-    """A `DecodingModel` that wraps a model and adds `adjust(index, source_length, slot)` to the
-    EOS logit at each step.
-
-    A row is known by its sentence's source length and its place among the sentence's
-    hypotheses (float `[rows]` each), not by its row number, which changes when beam search
-    stops decoding sentences that are done. The cache carries the source lengths beside the
-    model's, and keeps them for the sentences that stay."""
-
-    def __init__(self, model, adjust):
-        self.model, self.config, self.adjust, self.encode = model, model.config, adjust, model.encode
-
-    def init_cache(self, encoder_output, source_mask, hypotheses=1, max_length=None, shared_slots=True):
-        self.hypotheses = hypotheses
-        source_length = tf.reduce_sum(tf.cast(source_mask[:, 0], tf.float32), axis=1)  # [sentences]
-        return self.model.init_cache(encoder_output, source_mask, hypotheses, max_length, shared_slots), source_length
-
-    def decode_step(self, token_ids, index, cache):
-        model_cache, source_length = cache
-        logits, model_cache = self.model.decode_step(token_ids, index, model_cache)
-        rows_length = tf.repeat(source_length, self.hypotheses)
-        slot = tf.cast(tf.range(tf.shape(token_ids)[0]) % self.hypotheses, tf.float32)
-        adjust = tf.cast(self.adjust(index, rows_length, slot), tf.float32) + tf.zeros_like(rows_length)
-        return logits + tf.one_hot(EOS_ID, logits.shape[-1]) * adjust[:, None], (model_cache, source_length)
-
-    def reorder_cache(self, cache, parents, sentences=None):
-        model_cache, source_length = cache
-        model_cache = self.model.reorder_cache(model_cache, parents, sentences)
-        return model_cache, source_length if sentences is None else tf.gather(source_length, sentences)
-
-
-def _never_ends(model):
-    return _EosLogit(model, lambda index, source_length, slot: -1e4)
-
-
-def _ends_at(model, length):
-    return _EosLogit(model, lambda index, source_length, slot: tf.where(index + 1 == length, 1e4, -1e4))
-
-
-def _nonzero_lengths(tokens):
-    return np.sum(np.asarray(tokens) != PAD_ID, axis=-1)
+from search_helpers import _EosLogit, _ends_at, _model, _never_ends, _nonzero_lengths, _sources
 
 
 def test_beam_size_one_is_greedy(rng):
@@ -76,8 +21,8 @@ def test_beam_size_one_is_greedy(rng):
 
     model = _EosLogit(_model(30, seed=4), eos_logit)
     sources = _sources(rng, [5, 3, 6, 1, 8, 4], 30)
-    greedy = greedy_search(model, sources, max_extra_length=6)
-    beam = beam_search(model, sources, beam_size=1, max_extra_length=6)
+    greedy = greedy_search(model, sources, max_length_b=6)
+    beam = beam_search(model, sources, beam_size=1, max_length_b=6)
     np.testing.assert_array_equal(beam.tokens, greedy.tokens)
     np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)
     lengths = _nonzero_lengths(greedy.tokens)
@@ -168,17 +113,17 @@ def test_every_execution_gives_the_same_translations(execution, rng):
 
     model = _EosLogit(_model(512, seed=8), eos_logit)
     sources = _sources(rng, [5, 2, 7, 3], 512)
-    reference = tf.function(lambda s: beam_search(model, s, max_extra_length=5, num_hypotheses=4,
+    reference = tf.function(lambda s: beam_search(model, s, max_length_b=5, num_hypotheses=4,
                                                   execution=Execution(top_k="sort")))(sources)  # fmt: skip
     assert len(set(_nonzero_lengths(reference.tokens[:, 0]))) > 1
-    graphs = {"graph": tf.function(lambda s: beam_search(model, s, max_extra_length=5, num_hypotheses=4, execution=execution))}
+    graphs = {"graph": tf.function(lambda s: beam_search(model, s, max_length_b=5, num_hypotheses=4, execution=execution))}
     if execution.cache == "static":
         graphs["XLA"] = tf.function(graphs["graph"].python_function, jit_compile=True)
     for name, graph in graphs.items():
         result = graph(sources)
         np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=name)
         np.testing.assert_allclose(result.scores, reference.scores, rtol=1e-5, err_msg=name)
-    expected, result = (tf.function(lambda s: greedy_search(model, s, max_extra_length=5, execution=e))(sources)
+    expected, result = (tf.function(lambda s: greedy_search(model, s, max_length_b=5, execution=e))(sources)
                         for e in (Execution(top_k="sort"), execution))  # fmt: skip
     np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg="greedy")
     np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg="greedy")
@@ -204,8 +149,8 @@ def test_the_best_hypothesis_is_final_when_the_search_stops_for_it(rng):
     model = _EosLogit(_model(30, seed=12), eos_logit)
     sources = _sources(rng, [6, 2, 9, 4, 7], 30)
     for alpha in (0.0, 0.6):
-        best = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10)
-        every = beam_search(model, sources, beam_size=3, alpha=alpha, max_extra_length=10, num_hypotheses=3)
+        best = beam_search(model, sources, beam_size=3, alpha=alpha, max_length_b=10)
+        every = beam_search(model, sources, beam_size=3, alpha=alpha, max_length_b=10, num_hypotheses=3)
         np.testing.assert_array_equal(best.tokens, every.tokens[:, 0])
         np.testing.assert_allclose(best.scores, every.scores[:, 0], rtol=1e-6)
 
@@ -253,7 +198,7 @@ def test_first_k_stopping_returns_the_best_of_the_first_k_ended_and_stops_sooner
     results = {}
     for stopping in ("first_k", "exact"):
         searcher.stopping = stopping
-        results[stopping] = beam_search(searcher, sources, beam_size=3, alpha=0.6, max_extra_length=10, stopping=stopping)
+        results[stopping] = beam_search(searcher, sources, beam_size=3, alpha=0.6, max_length_b=10, stopping=stopping)
     for row, source in enumerate(sources):
         score, tokens = _first_k_reference(model, source, eos_logit, 3, 0.6, int(np.sum(source != PAD_ID)) + 10)
         found = np.asarray(results["first_k"].tokens[row])
@@ -277,7 +222,7 @@ def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(beam_size,
     never_ends = Counting(model, lambda index, source_length, slot: -1e4)
     sources = _sources(rng, [2, 9], 30)  # length limits 3 and 10
     search = greedy_search if beam_size == 1 else functools.partial(beam_search, beam_size=beam_size)
-    result = search(never_ends, sources, max_extra_length=1)  # eager: a Python loop
+    result = search(never_ends, sources, max_length_b=1)  # eager: a Python loop
     assert rows == [2 * beam_size] * 3 + [beam_size] * 7
     assert list(_nonzero_lengths(result.tokens)) == [3, 10]
 
@@ -286,9 +231,9 @@ def test_a_sentence_alone_equals_it_in_a_batch(rng):
     model = _model(30, seed=5)
     sources = _sources(rng, [7, 1, 4], 30)
     for search in (greedy_search, beam_search):
-        batched = search(model, sources, max_extra_length=8)
+        batched = search(model, sources, max_length_b=8)
         for row, length in enumerate(np.sum(sources > 0, axis=1)):
-            alone = search(model, sources[row : row + 1, :length], max_extra_length=8)
+            alone = search(model, sources[row : row + 1, :length], max_length_b=8)
             width = alone.tokens.shape[-1]
             np.testing.assert_array_equal(batched.tokens[row, :width], alone.tokens[0])
             assert not np.any(batched.tokens[row, width:])
@@ -299,9 +244,9 @@ def test_a_sentence_alone_equals_it_in_a_batch(rng):
 def test_xla_with_the_static_cache_equals_the_plain_graph_with_the_growing_one(search, rng):
     model = _model(30, seed=2)
     sources = _sources(rng, [6, 3, 8], 30)
-    plain = tf.function(lambda s: search(model, s, max_extra_length=7))(sources)  # the growing cache
+    plain = tf.function(lambda s: search(model, s, max_length_b=7))(sources)  # the growing cache
     execution = Execution.choose(compiled=True)
-    compiled = tf.function(lambda s: search(model, s, max_extra_length=7, execution=execution), jit_compile=True)(sources)
+    compiled = tf.function(lambda s: search(model, s, max_length_b=7, execution=execution), jit_compile=True)(sources)
     np.testing.assert_array_equal(compiled.tokens, plain.tokens)
     np.testing.assert_allclose(compiled.scores, plain.scores, rtol=1e-5)
 
@@ -310,7 +255,7 @@ def test_xla_with_the_static_cache_equals_the_plain_graph_with_the_growing_one(s
 def test_output_ends_at_eos(search, rng):
     forced = _ends_at(_model(20), 4)
     sources = _sources(rng, [5, 2, 9], 20)
-    result = search(forced, sources, max_extra_length=10)
+    result = search(forced, sources, max_length_b=10)
     tokens = np.asarray(result.tokens)
     np.testing.assert_array_equal(_nonzero_lengths(tokens), [3, 3, 3])
     assert not np.any(tokens == EOS_ID) and not np.any(tokens[:, 3:])
@@ -322,24 +267,24 @@ def test_output_ends_at_eos(search, rng):
 def test_a_model_that_never_ends_stops_at_the_length_limit(search, rng):
     forced = _never_ends(_model(20))
     sources = _sources(rng, [5, 2, 9], 20)
-    result = search(forced, sources, max_extra_length=4)
+    result = search(forced, sources, max_length_b=4)
     np.testing.assert_array_equal(_nonzero_lengths(result.tokens), [9, 6, 13])
-    capped = search(forced, sources, max_extra_length=4, max_length=7)
+    capped = search(forced, sources, max_length_b=4, max_length=7)
     np.testing.assert_array_equal(_nonzero_lengths(capped.tokens), [7, 6, 7])
 
 
 def test_n_best_is_sorted_and_distinct_and_starts_with_the_best(rng):
     model = _model(30, seed=9)
     sources = _sources(rng, [6, 4, 1], 30)
-    result = beam_search(model, sources, beam_size=4, num_hypotheses=4, max_extra_length=5)
+    result = beam_search(model, sources, beam_size=4, num_hypotheses=4, max_length_b=5)
     scores = np.asarray(result.scores)
     assert scores.shape == (3, 4) and np.all(np.diff(scores, axis=1) <= 0)
     for row in range(3):
         assert len({tuple(t) for t in np.asarray(result.tokens[row])}) == 4
-    best = beam_search(model, sources, beam_size=4, max_extra_length=5)
+    best = beam_search(model, sources, beam_size=4, max_length_b=5)
     np.testing.assert_array_equal(result.tokens[:, 0], best.tokens)
     np.testing.assert_allclose(result.scores[:, 0], best.scores, rtol=1e-6)
-    two = beam_search(model, sources, beam_size=4, num_hypotheses=2, max_extra_length=5)
+    two = beam_search(model, sources, beam_size=4, num_hypotheses=2, max_length_b=5)
     np.testing.assert_array_equal(two.tokens, result.tokens[:, :2])
     np.testing.assert_allclose(two.scores, result.scores[:, :2], rtol=1e-6)
     with pytest.raises(ValueError, match="1 to beam_size \\(4\\) hypotheses a sentence; got num_hypotheses 5"):
@@ -374,7 +319,7 @@ def test_greedy_search_continues_a_target_prefix_by_the_most_likely_tokens(rng):
     sources = _sources(rng, [5, 3, 6, 2], 30)
     prefixes = np.array([[7, 8, 9], [0, 0, 0], [11, 0, 0], [12, 13, 0]], "int32")
     extra = 3
-    result = greedy_search(model, sources, max_extra_length=extra, alpha=0.6, target_prefix=prefixes)
+    result = greedy_search(model, sources, max_length_b=extra, alpha=0.6, target_prefix=prefixes)
     for row, source in enumerate(sources):
         source = source[source != PAD_ID]
         hypothesis = [int(t) for t in prefixes[row] if t != PAD_ID]
@@ -392,15 +337,15 @@ def test_greedy_search_continues_a_target_prefix_by_the_most_likely_tokens(rng):
 def test_an_empty_target_prefix_changes_nothing_and_xla_forces_as_the_graph_does(search, rng):
     model = _model(40, seed=14)
     sources = _sources(rng, [5, 2, 7], 40)
-    plain = search(model, sources, max_extra_length=4)
+    plain = search(model, sources, max_length_b=4)
     for empty in (np.zeros((3, 0), "int32"), np.zeros((3, 2), "int32")):
-        result = search(model, sources, max_extra_length=4, target_prefix=empty)
+        result = search(model, sources, max_length_b=4, target_prefix=empty)
         np.testing.assert_array_equal(result.tokens, plain.tokens)
         np.testing.assert_allclose(result.scores, plain.scores, rtol=1e-6)
     prefixes = np.array([[9, 10, 11, 12], [0, 0, 0, 0], [13, 14, 0, 0]], "int32")
-    graph = tf.function(lambda s, p: search(model, s, max_extra_length=4, target_prefix=p))(sources, prefixes)
+    graph = tf.function(lambda s, p: search(model, s, max_length_b=4, target_prefix=p))(sources, prefixes)
     assert np.all(np.asarray(graph.tokens)[[0, 2], :2] == prefixes[[0, 2], :2])
-    xla = tf.function(lambda s, p: search(model, s, max_extra_length=4, target_prefix=p,
+    xla = tf.function(lambda s, p: search(model, s, max_length_b=4, target_prefix=p,
                                           execution=Execution.choose(compiled=True)), jit_compile=True)(sources, prefixes)  # fmt: skip
     np.testing.assert_array_equal(xla.tokens, graph.tokens)
     np.testing.assert_allclose(xla.scores, graph.scores, rtol=1e-5)
@@ -471,10 +416,10 @@ def test_per_sentence_sampling_options_in_one_batch_equal_each_sentence_sampled_
     sources = _sources(rng, [5, 3, 6, 2], 30)
     options = dict(temperature=[0.7, 1.5, 1.0, 2.0], top_k=[0, 5, 3, 0], top_p=[1.0, 0.9, 1.0, 0.8])
     seeds = np.array([4, 5, 6, 7], "int32")
-    batch = sample_search(model, sources, seeds, num_samples=3, max_extra_length=4,
+    batch = sample_search(model, sources, seeds, num_samples=3, max_length_b=4,
                           **{name: np.array(values, "float32" if name != "top_k" else "int32") for name, values in options.items()})  # fmt: skip
     for row in range(len(sources)):
-        alone = sample_search(model, sources[row : row + 1], seeds[row : row + 1], num_samples=3, max_extra_length=4,
+        alone = sample_search(model, sources[row : row + 1], seeds[row : row + 1], num_samples=3, max_length_b=4,
                               **{name: values[row] for name, values in options.items()})  # fmt: skip
         length = alone.tokens.shape[2]
         np.testing.assert_array_equal(np.asarray(batch.tokens)[row, :, :length], alone.tokens[0], err_msg=str(row))
@@ -487,22 +432,22 @@ def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_an
 
     model = _model(30, seed=15)
     sources = _sources(rng, [5, 3, 6, 2], 30)
-    greedy = greedy_search(model, sources, max_extra_length=4)
-    top_1 = sample_search(model, sources, 7, num_samples=2, top_k=1, max_extra_length=4)
+    greedy = greedy_search(model, sources, max_length_b=4)
+    top_1 = sample_search(model, sources, 7, num_samples=2, top_k=1, max_length_b=4)
     for sample in range(2):
         np.testing.assert_array_equal(top_1.tokens[:, sample], greedy.tokens)
         np.testing.assert_allclose(top_1.scores[:, sample], greedy.scores, rtol=1e-5)
     seeds = np.array([1, 2, 3, 4], "int32")
-    sampled = sample_search(model, sources, seeds, num_samples=3, temperature=2.0, max_extra_length=4)
-    again = tf.function(lambda s: sample_search(model, s, seeds, num_samples=3, temperature=2.0, max_extra_length=4))(sources)
+    sampled = sample_search(model, sources, seeds, num_samples=3, temperature=2.0, max_length_b=4)
+    again = tf.function(lambda s: sample_search(model, s, seeds, num_samples=3, temperature=2.0, max_length_b=4))(sources)
     np.testing.assert_array_equal(again.tokens, sampled.tokens)
     assert len({tuple(np.asarray(t)) for t in np.asarray(sampled.tokens).reshape(12, -1)}) > 6, "samples barely differ"
     # A sentence's samples are a function of its seed: alone, or beside other sentences.
-    alone = sample_search(model, sources[2:3, :6], seeds[2:3], num_samples=3, temperature=2.0, max_extra_length=4)
+    alone = sample_search(model, sources[2:3, :6], seeds[2:3], num_samples=3, temperature=2.0, max_length_b=4)
     np.testing.assert_array_equal(alone.tokens[0], np.asarray(sampled.tokens)[2, :, : alone.tokens.shape[2]])
-    other = sample_search(model, sources, seeds + 10, num_samples=3, temperature=2.0, max_extra_length=4)
+    other = sample_search(model, sources, seeds + 10, num_samples=3, temperature=2.0, max_length_b=4)
     assert np.any(np.asarray(other.tokens) != np.asarray(sampled.tokens))
-    prefixed = sample_search(model, sources, seeds, num_samples=3, temperature=2.0, max_extra_length=4,
+    prefixed = sample_search(model, sources, seeds, num_samples=3, temperature=2.0, max_length_b=4,
                              target_prefix=np.array([[5, 6], [7, 0], [0, 0], [8, 9]], "int32"))  # fmt: skip
     starts = np.asarray(prefixed.tokens)[:, :, :2]
     assert np.all(starts[[0, 3]] == np.array([[5, 6], [8, 9]])[:, None]) and np.all(starts[1, :, 0] == 7)
@@ -513,26 +458,27 @@ def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_an
 def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_size(rng):
     from keras_transformer.search import DecodingSettings, decode
 
-    assert DecodingSettings() == DecodingSettings(beam_size=4, alpha=0.6, max_extra_length=50, stopping="exact")
+    assert DecodingSettings() == DecodingSettings(beam_size=4, alpha=0.6, max_length_b=50, stopping="exact")
     model = _model(30, seed=6)
     sources = _sources(rng, [5, 2], 30)
     for settings, expected in (
-        (DecodingSettings(beam_size=1, max_extra_length=4), greedy_search(model, sources, max_extra_length=4)),
-        (DecodingSettings(beam_size=3, alpha=1.0, max_extra_length=4),
-         beam_search(model, sources, beam_size=3, alpha=1.0, max_extra_length=4)),
-        (DecodingSettings(beam_size=3, max_extra_length=4, stopping="first_k"),
-         beam_search(model, sources, beam_size=3, max_extra_length=4, stopping="first_k")),
-        (DecodingSettings(beam_size=3, max_extra_length=4, num_hypotheses=2),
-         beam_search(model, sources, beam_size=3, max_extra_length=4, num_hypotheses=2)),
-        (DecodingSettings(beam_size=1, max_extra_length=4, num_hypotheses=1),  # greedy's output as a 1-best list
-         SearchResult(*(t[:, None] for t in greedy_search(model, sources, max_extra_length=4)))),
+        (DecodingSettings(beam_size=1, max_length_b=4), greedy_search(model, sources, max_length_b=4)),
+        (DecodingSettings(beam_size=3, alpha=1.0, max_length_b=4),
+         beam_search(model, sources, beam_size=3, alpha=1.0, max_length_b=4)),
+        (DecodingSettings(beam_size=3, max_length_b=4, stopping="first_k"),
+         beam_search(model, sources, beam_size=3, max_length_b=4, stopping="first_k")),
+        (DecodingSettings(beam_size=3, max_length_b=4, num_hypotheses=2),
+         beam_search(model, sources, beam_size=3, max_length_b=4, num_hypotheses=2)),
+        (DecodingSettings(beam_size=1, max_length_b=4, num_hypotheses=1),  # greedy's output as a 1-best list
+         SearchResult(*(t[:, None] for t in greedy_search(model, sources, max_length_b=4)))),
     ):  # fmt: skip
         result = decode(model, sources, settings)
         np.testing.assert_array_equal(result.tokens, expected.tokens)
         np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-6)
-    for bad in (dict(beam_size=0), dict(max_extra_length=-1), dict(alpha=-0.5)):
-        with pytest.raises(ValueError, match="beam_size >= 1"):
-            DecodingSettings(**bad)
+    for name, bad in (("beam_size", 0), ("max_length_b", -1), ("alpha", -0.5), ("alpha", float("nan")),
+                      ("repetition_penalty", 0.0), ("min_length", np.array([2, -1]))):  # fmt: skip
+        with pytest.raises(ValueError, match=f"Decoding option {name} must be"):
+            DecodingSettings(**{name: bad})
     with pytest.raises(ValueError, match="stopping is one of exact, first_k; got 'never'"):
         DecodingSettings(stopping="never")
     with pytest.raises(ValueError, match="1 to beam_size \\(4\\) hypotheses a sentence; got num_hypotheses 5"):
@@ -556,7 +502,7 @@ def _reversal_is_learned(model, sources):
     """The trained fixture reverses most sources: its outputs are worth comparing."""
     from keras_transformer.search import DecodingSettings, decode
 
-    tokens = np.asarray(decode(model, sources, DecodingSettings(beam_size=1, max_extra_length=4)).tokens)
+    tokens = np.asarray(decode(model, sources, DecodingSettings(beam_size=1, max_length_b=4)).tokens)
     expected = np.zeros_like(tokens)
     for row, source in enumerate(sources):
         body = source[(source != PAD_ID) & (source != EOS_ID)][::-1]
@@ -569,14 +515,14 @@ def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(r
 
     model, weights, sources = reversal_model
     _reversal_is_learned(model, sources)
-    float32 = {beam: decode(model, sources, DecodingSettings(beam, max_extra_length=4)) for beam in (1, 4)}
+    float32 = {beam: decode(model, sources, DecodingSettings(beam, max_length_b=4)) for beam in (1, 4)}
     keras.mixed_precision.set_global_policy("mixed_bfloat16")  # what --mixed-precision sets on CPUs and TPUs
     mixed = Transformer(model.config)
     mixed.load_weights(weights)
     assert mixed.decoder.layers[0].compute_dtype == "bfloat16"
     for beam in (1, 4):
-        graph = tf.function(lambda s: decode(mixed, s, DecodingSettings(beam, max_extra_length=4)))
-        eager = decode(mixed, sources, DecodingSettings(beam, max_extra_length=4))
+        graph = tf.function(lambda s: decode(mixed, s, DecodingSettings(beam, max_length_b=4)))
+        eager = decode(mixed, sources, DecodingSettings(beam, max_length_b=4))
         for name, result in (("graph", graph(sources)), ("eager", eager)):
             assert result.scores.dtype == "float32"
             # bfloat16 keeps 8 bits of mantissa: a token may flip where two are close, not more.
@@ -586,13 +532,14 @@ def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(r
 
 
 def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
-    """Greedy and beam 4, each also with a target prefix, and sampling, compiled for each backend
+    """Greedy and beam 4, each also with a target prefix and with per-sentence options, and
+    sampling, compiled for each backend
     as `training.evaluate` compiles them (TensorFlow: XLA; JAX: jax.jit), on the same weights and
     sources: the same tokens (the random numbers too). JAX's searches ran once, in a process of
     their own (tests/artifacts.py: tests/backend_worker.py decode)."""
     import json
 
-    from backend_worker import PREFIX, SAMPLING
+    from backend_worker import PREFIX, SAMPLING, processed_options
     from keras_transformer.search import DecodingSettings, decode, sample_search
     from training.evaluate import compile_for_backend, compile_search
 
@@ -601,12 +548,15 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     prefix = np.stack([PREFIX[row % len(PREFIX)] for row in range(len(sources))])
     under_tensorflow = {}
     for beam in (1, 4):
-        settings = DecodingSettings(beam, max_extra_length=4)
+        settings = DecodingSettings(beam, max_length_b=4)
         under_tensorflow[str(beam)] = compile_search(model, settings)(sources)
         under_tensorflow[f"{beam} prefix"] = compile_for_backend(
             model, lambda ids, p, execution, settings=settings: decode(model, ids, settings, execution, target_prefix=p))(sources, prefix)
     under_tensorflow["sample"] = compile_for_backend(
         model, lambda ids, execution: sample_search(model, ids, np.arange(len(sources)), execution=execution, **SAMPLING))(sources)
+    for width in (1, 4):
+        settings = DecodingSettings(max_length_b=4, **processed_options(len(sources), width))
+        under_tensorflow[f"{width} options"] = compile_search(model, settings)(sources)
     assert sorted(under_jax) == sorted(under_tensorflow)
     for name, (tokens, scores) in under_tensorflow.items():
         jax_tokens, jax_scores = under_jax[name]
@@ -615,6 +565,8 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     tokens = np.asarray(under_tensorflow["4"].tokens)
     assert len(set(_nonzero_lengths(tokens))) > 2  # outputs of several lengths
     assert np.all(np.asarray(under_tensorflow["4 prefix"].tokens)[::3, :2] == [5, 6])
+    for width in (1, 4):
+        assert not np.array_equal(under_tensorflow[f"{width} options"].tokens, under_tensorflow[str(width)].tokens)
 
 
 def test_alignments_are_the_models_attention_over_the_real_source_for_each_output_piece(reversal_model):
@@ -622,7 +574,7 @@ def test_alignments_are_the_models_attention_over_the_real_source_for_each_outpu
 
     model, _, sources = reversal_model
     _reversal_is_learned(model, sources)
-    tokens = np.asarray(decode(model, sources, DecodingSettings(max_extra_length=4)).tokens)
+    tokens = np.asarray(decode(model, sources, DecodingSettings(max_length_b=4)).tokens)
     out_lengths, source_lengths = _nonzero_lengths(tokens), _nonzero_lengths(sources)
     assert len(set(out_lengths)) > 1 and len(set(source_lengths)) > 1
     for layer in (0, -1):

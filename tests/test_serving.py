@@ -14,7 +14,7 @@ from keras_transformer.search import DecodingSettings, decode
 def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
     keras.utils.set_random_seed(8)
     model = Transformer(TransformerConfig.tiny(30, num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.0))
-    settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
+    settings = DecodingSettings(beam_size=beam_size, max_length_b=4)
 
     def search(ids):
         return decode(model, ids, settings, SERVED_EXECUTION)
@@ -46,7 +46,7 @@ def test_a_model_in_reduced_precision_decodes_as_float32_on_most_sentences(preci
     assert {weight.dtype for weight in reduced.weights} == {precision} and reduced.decoder.layers[0].compute_dtype == precision
     assert in_precision(model, "float32") is model and keras.config.dtype_policy().name == "float32"
     for beam_size in (1, 4):
-        settings = DecodingSettings(beam_size=beam_size, max_extra_length=4)
+        settings = DecodingSettings(beam_size=beam_size, max_length_b=4)
         expected, result = (tf.function(lambda s, m=m: decode(m, s, settings, SERVED_EXECUTION))(sources) for m in (model, reduced))
         assert result.scores.dtype == "float32"
         same = np.all(result.tokens.numpy() == expected.tokens.numpy(), axis=-1)

@@ -45,7 +45,7 @@ def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer, to
 
     sources = [list(ids) + [3] for ids in synthetic_tokenizer.tokenize(tf.constant([p[0] for p in pairs])).to_list()]
     source_ids = tf.ragged.constant(sources).to_tensor()
-    result = greedy_search(trainer.model, source_ids, max_extra_length=10)
+    result = greedy_search(trainer.model, source_ids, max_length_b=10)
     translations = [t.decode() for t in synthetic_tokenizer.detokenize(result.tokens).numpy()]
     assert translations == [p[1] for p in pairs]
 

@@ -9,11 +9,13 @@ one position per step from its cache, which the model creates, writes and reorde
 Written in `keras.ops`, so it runs under TensorFlow and under JAX; how it runs on a device (the
 cache's layout, dropping finished sentences, the top-k kernel) is an `Execution`.
 
-One idea per module: `settings` (what is asked), `execution` (how it runs), `interface` (what a
-model provides), `greedy` and `beam` (the two searches), `sampling` (outputs drawn at random),
-`loop` (the while loop), `top_k` (the best tokens of a step), `outputs` (length limits, writing
-and cutting sequences), `prefix` (forcing the output's first tokens), `alignment` (the attention
-an output paid to its source).
+One idea per module: `settings` (what is asked: the table of decoding options), `execution` (how
+it runs), `interface` (what a model provides), `greedy` and `beam` (the two searches), `sampling`
+(outputs drawn at random), `processors` (the seam between the model's log-probabilities and a
+search's choice, one module per option that acts there, and the target prefix), `loop` (the while
+loop), `top_k` (the best tokens of a step), `outputs` (length limits, writing and cutting
+sequences), `input_length` (cutting long sources), `alignment` (the attention an output paid to
+its source).
 """
 
 from keras_transformer.search.alignment import alignments
@@ -22,35 +24,40 @@ from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import GreedyState, greedy_search
 from keras_transformer.search.interface import DecodingModel
 from keras_transformer.search.sampling import SamplingSettings, sample_search
-from keras_transformer.search.settings import STOPPING_RULES, DecodingSettings, SearchResult, length_penalty
+from keras_transformer.search.settings import (OPTIONS, STOPPING_RULES, DecodingSettings, Option, SearchResult,
+                                               length_penalty, search_width, settings_with)  # fmt: skip
 
 
-def decode(model, source_ids, settings=DecodingSettings(), execution=None, *, max_length=None, target_prefix=None):
-    """Translates `source_ids` with `settings`: greedy search for beam size 1, else beam search.
+def decode(model, source_ids, settings=None, execution=None, *, width=None, max_length=None, target_prefix=None, **options):
+    """Translates `source_ids` with `settings`: greedy search for a width of 1, else beam search.
 
     Args:
         model: a `DecodingModel` (a `Transformer`).
         source_ids: int32 `[batch, source_len]`, each source ending with the end-of-sentence
             id, padded with 0.
-        settings: a `DecodingSettings`.
+        settings: a `DecodingSettings` (default: the paper's decoding), whose fields `options`
+            replace (`decode(model, ids, no_repeat_ngram_size=3)`); each option one value, or
+            one per sentence.
         execution: an `Execution` (default: `Execution.choose()`: for the backend's default
             device, compiled under JAX only); pass `Execution.choose(compiled=True)` under
             `tf.function(jit_compile=True)`.
+        width: the hypotheses beam search keeps per sentence, an int (default: the beam size,
+            or the largest of per-sentence ones given as NumPy values).
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
         target_prefix: int32 `[batch, prefix_len]`, padded with 0: tokens each output must
-            start with (keras_transformer/search/prefix.py); None: none.
+            start with (keras_transformer/search/processors/prefix.py); None: none.
 
     Returns:
         A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`, or with
         `settings.num_hypotheses` n, `[batch, n, max_length]` and `[batch, n]`.
     """
-    common = dict(alpha=settings.alpha, max_extra_length=settings.max_extra_length, max_length=max_length,
-                  execution=execution, target_prefix=target_prefix)  # fmt: skip
-    if settings.beam_size > 1:
-        return beam_search(model, source_ids, beam_size=settings.beam_size, stopping=settings.stopping,
-                           num_hypotheses=settings.num_hypotheses, **common)  # fmt: skip
-    result = greedy_search(model, source_ids, **common)
+    settings = settings_with(settings, options)
+    width = width or search_width(settings)
+    common = dict(max_length=max_length, execution=execution, target_prefix=target_prefix)
+    if width > 1:
+        return beam_search(model, source_ids, settings, width=width, **common)
+    result = greedy_search(model, source_ids, settings, **common)
     if settings.num_hypotheses is None:
         return result
     return SearchResult(result.tokens[:, None], result.scores[:, None])  # its one output as a 1-best list
@@ -62,6 +69,8 @@ __all__ = [
     "DecodingSettings",
     "Execution",
     "GreedyState",
+    "OPTIONS",
+    "Option",
     "STOPPING_RULES",
     "SamplingSettings",
     "SearchResult",

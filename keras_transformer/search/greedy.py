@@ -8,11 +8,11 @@ from keras import ops
 from keras_transformer.common import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.search.active import next_active, to_batch
 from keras_transformer.search.execution import Execution
+from keras_transformer.search.input_length import cut
 from keras_transformer.search.loop import while_loop
-from keras_transformer.search.outputs import length_limits, start_tokens, strip, write_column
-from keras_transformer.search.prefix import force
-from keras_transformer.search.settings import DecodingSettings, SearchResult, length_penalty
-from keras_transformer.search.top_k import best_tokens
+from keras_transformer.search.outputs import length_limits, per_sentence, start_tokens, strip, write_column
+from keras_transformer.search.processors import Processing, Step
+from keras_transformer.search.settings import SearchResult, length_penalty, settings_with
 
 GreedyState = collections.namedtuple("GreedyState", ["index", "tokens", "log_prob", "length", "done", "active", "cache"])
 GreedyState.__doc__ = """The loop state of `greedy_search`.
@@ -28,30 +28,20 @@ cache: the model's, for the active sentences; unread here.
 """
 
 
-def greedy_search(
-    model,
-    source_ids,
-    *,
-    alpha=DecodingSettings.alpha,
-    max_extra_length=DecodingSettings.max_extra_length,
-    max_length=None,
-    execution=None,
-    target_prefix=None,
-    bos_id=BOS_ID,
-    eos_id=EOS_ID,
-):
-    """Translates `source_ids` `[batch, source_len]` by taking the most likely token each step.
+def greedy_search(model, source_ids, settings=None, *, max_length=None, execution=None, target_prefix=None,
+                  bos_id=BOS_ID, eos_id=EOS_ID, **options):  # fmt: skip
+    """Translates `source_ids` `[batch, source_len]` by taking the most likely token each step
+    (after the processors the options turn on, keras_transformer/search/processors/).
 
     Args:
         model: a `DecodingModel` (a `Transformer`).
         source_ids: int32 `[batch, source_len]`, padded with 0.
-        alpha: length penalty exponent, for the returned score only.
-        max_extra_length: each output has at most its source's length + this many tokens.
+        settings: a `DecodingSettings` (its beam size unread), whose fields `options` replace.
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
         execution: an `Execution` (default: `Execution.choose()`).
         target_prefix: int32 `[batch, prefix_len]`, padded with 0: tokens each output must
-            start with (keras_transformer/search/prefix.py); a prefix longer than its
+            start with (keras_transformer/search/processors/prefix.py); a prefix longer than its
             sentence's length limit is cut there. None: no prefix.
         bos_id, eos_id: the begin- and end-of-sentence ids.
 
@@ -60,37 +50,38 @@ def greedy_search(
     """
     execution = execution or Execution.choose()
 
-    def most_likely(logits, index, active):
-        return best_tokens(logits, 1, execution.top_k)
+    def most_likely(logits, processing, step):
+        return processing.best_tokens(logits, 1, execution.top_k, step)
 
-    return one_output_search(model, source_ids, most_likely, alpha=alpha, max_extra_length=max_extra_length,
-                             max_length=max_length, execution=execution, target_prefix=target_prefix, bos_id=bos_id,
-                             eos_id=eos_id)  # fmt: skip
+    return one_output_search(model, source_ids, most_likely, settings_with(settings, options), max_length=max_length,
+                             execution=execution, target_prefix=target_prefix, bos_id=bos_id, eos_id=eos_id)  # fmt: skip
 
 
-def one_output_search(
-    model, source_ids, next_token, *, alpha, max_extra_length, max_length, execution, target_prefix, bos_id, eos_id
-):
+def one_output_search(model, source_ids, next_token, settings, *, max_length, execution, target_prefix, bos_id, eos_id):
     """A search that extends one output per sentence by the token `next_token` picks each step:
     greedy search, sampling (keras_transformer/search/sampling.py). Arguments as `greedy_search`'s,
-    and `next_token(logits, index, active)`: the active sentences' logits `[a, vocab]` for the
-    position after `index`, and their indices `[a]` -> log-probabilities and tokens, `[a, 1]` each.
+    and `next_token(logits, processing, step)`: the active sentences' logits `[a, vocab]` for the
+    position after `index`, the search's `Processing` and its `Step` (without processors, only
+    its `index` and `sentence`) -> log-probabilities and tokens, `[a, 1]` each.
     """
-    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    source_ids, _ = cut(ops.convert_to_tensor(source_ids, "int32"), settings.max_input_length)
     batch = ops.shape(source_ids)[0]
-    length_limit, steps = length_limits(model, source_ids, max_extra_length, max_length)  # [batch], scalar
+    static = execution.cache == "static"
+    length_limit, steps = length_limits(model, source_ids, settings, max_length, static)  # [batch], scalar
+    source_length = ops.sum(ops.cast(source_ids != PAD_ID, "int32"), axis=1)  # [batch]
     encoder_output, source_mask = model.encode(source_ids, training=False)
+    processing = Processing(settings, target_prefix)
 
     def step(state):
         index, done = state.index, state.done
         token_ids = ops.take(ops.take(state.tokens, index, axis=1), state.active, axis=0)  # [a]
         logits, cache = model.decode_step(token_ids, index, state.cache)  # [a, vocab]
-        best_log_prob, best_token = next_token(logits, index, state.active)  # [a, 1] each
-        best_log_prob = to_batch(best_log_prob, state.active, batch, 1, execution)  # [batch, 1, 1]
-        best_token = to_batch(best_token, state.active, batch, 1, execution)  # [batch, 1, 1]
-        if target_prefix is not None:
-            best_log_prob, best_token = force(logits, best_log_prob, best_token, target_prefix, index, state.active, execution)
-        best_log_prob, best_token = ops.reshape(best_log_prob, (-1,)), ops.reshape(best_token, (-1,))  # [batch] each
+        seen = Step(index, None, state.active, None, None)
+        if processing:
+            seen = seen._replace(tokens=ops.take(state.tokens, state.active, axis=0), source_length=ops.take(source_length, state.active))
+        best_log_prob, best_token = next_token(logits, processing, seen)  # [a, 1] each
+        best_log_prob = ops.reshape(to_batch(best_log_prob, state.active, batch, 1, execution), (-1,))  # [batch]
+        best_token = ops.reshape(to_batch(best_token, state.active, batch, 1, execution), (-1,))  # [batch]
         token = ops.where(done, PAD_ID, best_token)  # [batch]
         done = done | (token == eos_id) | (index + 1 >= length_limit)  # [batch]
         only = ops.zeros((batch, 1), "int32")  # one output a sentence: its own parent
@@ -105,7 +96,6 @@ def one_output_search(
             cache=cache,
         )
 
-    static = execution.cache == "static"
     state = GreedyState(
         index=ops.convert_to_tensor(0, "int32"),
         tokens=start_tokens((batch,), steps, bos_id),
@@ -116,4 +106,5 @@ def one_output_search(
         cache=model.init_cache(encoder_output, source_mask, 1, steps if static else None),
     )
     state = while_loop(lambda state: (state.index < steps) & ~ops.all(state.done), step, state, steps)
+    alpha = per_sentence(settings.alpha, batch, "float32")
     return SearchResult(strip(state.tokens[:, 1:], eos_id), state.log_prob / length_penalty(state.length, alpha))

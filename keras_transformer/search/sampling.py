@@ -18,7 +18,7 @@ from keras import ops
 from keras_transformer.common import BOS_ID, EOS_ID, take_per_row
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import one_output_search
-from keras_transformer.search.settings import DecodingSettings, SearchResult
+from keras_transformer.search.settings import OPTIONS, SearchResult, settings_with
 from keras_transformer.search.top_k import token_log_probs
 
 
@@ -47,43 +47,32 @@ class SamplingSettings:
             )
 
 
-def sample_search(
-    model,
-    source_ids,
-    seed,
-    *,
-    num_samples=1,
-    temperature=SamplingSettings.temperature,
-    top_k=SamplingSettings.top_k,
-    top_p=SamplingSettings.top_p,
-    alpha=DecodingSettings.alpha,
-    max_extra_length=DecodingSettings.max_extra_length,
-    max_length=None,
-    execution=None,
-    target_prefix=None,
-    bos_id=BOS_ID,
-    eos_id=EOS_ID,
-):
+def sample_search(model, source_ids, seed, settings=None, *, num_samples=1, temperature=SamplingSettings.temperature,
+                  top_k=SamplingSettings.top_k, top_p=SamplingSettings.top_p, max_length=None, execution=None,
+                  target_prefix=None, bos_id=BOS_ID, eos_id=EOS_ID, **options):  # fmt: skip
     """Translates each sentence of `source_ids` `[batch, source_len]` `num_samples` times, each
-    output token drawn at random (`SamplingSettings`).
+    output token drawn at random (`SamplingSettings`) from the step's log-probabilities after
+    the processors the options turn on (keras_transformer/search/processors/).
 
     Args:
         model: a `DecodingModel` (a `Transformer`).
         source_ids: int32 `[batch, source_len]`, padded with 0.
         seed: int, or int32 `[batch]`, one per sentence: a sentence's samples are a function
             of its seed.
+        settings: a `DecodingSettings` (its beam size unread; alpha for the scores only), whose
+            fields `options` replace.
         num_samples: n, the outputs drawn for each sentence (independently).
         temperature, top_k, top_p: as `SamplingSettings`, each a number or `[batch]`, one per
             sentence (unchecked here: `SamplingSettings` checks numbers).
-        alpha: length penalty exponent, for the returned scores only.
-        max_extra_length, max_length, execution, target_prefix, bos_id, eos_id: as
-            `greedy_search`'s.
+        max_length, execution, target_prefix, bos_id, eos_id: as `greedy_search`'s.
 
     Returns:
         A `SearchResult`: tokens `[batch, n, max_length]` and scores `[batch, n]`, each the
-        model's own log P(Y | X) / lp(Y) (not that of the distribution drawn from).
+        model's log P(Y | X) / lp(Y) after the processors (not that of the distribution drawn
+        from): with bans alone, the model's own.
     """
     execution = execution or Execution.choose()
+    settings = settings_with(settings, options)
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch = ops.shape(source_ids)[0]
 
@@ -94,16 +83,20 @@ def sample_search(
                                            per_row(top_k, "int32"), per_row(top_p, "float32"))  # fmt: skip
     sample_numbers = ops.tile(ops.arange(num_samples, dtype="int32"), (batch,))  # [batch * n]
 
-    def draw(logits, index, active):
-        seed, number, temperature, top_k, top_p = (ops.take(values, active) for values in  # [a] each
+    def draw(logits, processing, step):
+        seed, number, temperature, top_k, top_p = (ops.take(values, step.sentence) for values in  # [a] each
                                                    (seeds, sample_numbers, temperatures, top_ks, top_ps))  # fmt: skip
-        token = sample_tokens(logits, random_uniform(seed, number, index), temperature, top_k, top_p)  # [a]
-        return token_log_probs(logits, token)[:, None], token[:, None]
+        log_probs = processing(logits, step) if processing else logits
+        token = sample_tokens(log_probs, random_uniform(seed, number, step.index), temperature, top_k, top_p)  # [a]
+        chosen = take_per_row(log_probs, token[:, None]) if processing else token_log_probs(logits, token)[:, None]
+        return chosen, token[:, None]
 
     if target_prefix is not None:
         target_prefix = ops.repeat(ops.convert_to_tensor(target_prefix, "int32"), num_samples, axis=0)
-    result = one_output_search(model, ops.repeat(source_ids, num_samples, axis=0), draw, alpha=alpha,
-                               max_extra_length=max_extra_length, max_length=max_length, execution=execution,
+    repeated = {option.name: ops.repeat(ops.convert_to_tensor(getattr(settings, option.name)), num_samples, axis=0)
+                for option in OPTIONS if not isinstance(getattr(settings, option.name), (bool, int, float, str, tuple))}  # fmt: skip
+    result = one_output_search(model, ops.repeat(source_ids, num_samples, axis=0), draw,
+                               dataclasses.replace(settings, **repeated), max_length=max_length, execution=execution,
                                target_prefix=target_prefix, bos_id=bos_id, eos_id=eos_id)  # fmt: skip
     length = ops.shape(result.tokens)[1]  # not -1, which an empty batch leaves undefined
     return SearchResult(ops.reshape(result.tokens, (batch, num_samples, length)), ops.reshape(result.scores, (batch, num_samples)))

@@ -1,57 +1,148 @@
-"""What a search is asked for: `DecodingSettings` (the paper's decoding by default), the
-`SearchResult` it returns, and the length penalty it scores with."""
+"""What a search is asked for: the table of decoding options (`OPTIONS`), `DecodingSettings` (the
+paper's decoding by default) made from it, the `SearchResult` a search returns, and the length
+penalty it scores with."""
 
 import collections
 import dataclasses
 
+import numpy as np
 from keras import ops
+
+from keras_transformer.search.processors import (disable_unk, min_length, no_repeat_ngram, repetition_penalty,
+                                                 suppress_sequences)  # fmt: skip
 
 
 STOPPING_RULES = ("exact", "first_k")  # DecodingSettings.stopping
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodingSettings:
-    """How to decode: the paper's beam search by default (`hyperparameters.md`): beam 4, length
-    penalty `lp(Y) = ((5 + |Y|) / 6) ** alpha` with alpha 0.6, at most `source length + 50`
-    output tokens, early termination when possible. |Y| counts the output tokens including the
-    end-of-sentence token.
+class Option:
+    """A decoding option: one row of `OPTIONS`, which gives `DecodingSettings` its field, the
+    SavedModel's `options` signature its input (export/serving.py), `export.translate` and
+    `training.evaluate` their flags, and export/README.md its table (tests/test_options.py
+    checks that table against this one).
 
     Args:
-        beam_size: hypotheses kept per sentence; 1 is greedy search.
-        alpha: the length penalty exponent.
-        max_extra_length: each output has at most its source's length + this many tokens.
-        stopping: when beam search is done with a sentence (`STOPPING_RULES`). "exact": once no
-            alive hypothesis can beat the best ended one, whatever its continuation (the bound
-            of tensor2tensor, the paper's code). "first_k": once `beam_size` hypotheses have
-            ended (or sooner, where "exact" holds), returning the best of them, as CTranslate2,
-            fairseq and Hugging Face's `early_stopping=True` do: fewer steps, and it may miss a
-            longer hypothesis that would have scored higher (bench/README.md measures both).
-        num_hypotheses: n, to get each sentence's n best outputs, best first (an n-best list:
-            tokens `[batch, n, length]`, scores `[batch, n]`; 1 <= n <= beam_size); None for
-            the best alone (`[batch, length]`, `[batch]`).
-        alignment_layer: the decoder layer whose encoder-decoder attention `alignments` returns
-            (a Python index: -1, the default, is the last).
+        name: the field's, input's and (with dashes) flag's name.
+        dtype: "int32", "float32", "bool", or "string" (token sequences, given to the SavedModel
+            as text: `[batch, n]` strings, each cut into pieces).
+        default: the paper's decoding; for an option with a processor, the value that turns it off.
+        valid: which values are allowed, in words, for errors and documents.
+        check: values -> bool, elementwise, for NumPy arrays and tensors alike; None: any value of
+            the dtype.
+        help: what it does, for flags and documents.
+        processor: `process(log_probs, step, value)` (keras_transformer/search/processors/), for an
+            option that acts in the step's seam; None for one that the searches read themselves.
     """
 
-    beam_size: int = 4
-    alpha: float = 0.6
-    max_extra_length: int = 50
-    stopping: str = "exact"
-    num_hypotheses: int | None = None
-    alignment_layer: int = -1
+    name: str
+    dtype: str
+    default: object
+    valid: str
+    check: object
+    help: str
+    processor: object = None
 
-    def __post_init__(self):
-        if self.beam_size < 1 or self.max_extra_length < 0 or self.alpha < 0:
-            raise ValueError(
-                f"Decoding needs beam_size >= 1, alpha >= 0 and max_extra_length >= 0; got beam_size "
-                f"{self.beam_size}, alpha {self.alpha}, max_extra_length {self.max_extra_length}."
-            )
-        if self.num_hypotheses is not None and not 1 <= self.num_hypotheses <= self.beam_size:
-            raise ValueError(f"Decoding returns 1 to beam_size ({self.beam_size}) hypotheses a sentence; got "
-                             f"num_hypotheses {self.num_hypotheses}.")  # fmt: skip
-        if self.stopping not in STOPPING_RULES:
-            raise ValueError(f"Decoding's stopping is one of {', '.join(STOPPING_RULES)}; got {self.stopping!r}.")
+    def is_set(self, value):
+        """Whether `value` (a Python value, or one per sentence) may differ from the default."""
+        return not isinstance(value, (bool, int, float, str, tuple)) or value != self.default
+
+    def check_value(self, value):
+        """Raises ValueError naming the option unless each of `value`'s numbers is valid;
+        symbolic tensors pass (the SavedModel checks them in its graph)."""
+        if self.check is None or _symbolic(value):
+            return
+        values = np.asarray(value)
+        if not np.all(self.check(values)):
+            raise ValueError(f"Decoding option {self.name} must be {self.valid}; got {value!r}.")
+
+
+OPTIONS = (
+    Option("beam_size", "int32", 4, "at least 1, and at most the search's width (an export's beam size)",
+           lambda v: v >= 1, "hypotheses kept per sentence; 1 is greedy search"),
+    Option("alpha", "float32", 0.6, ">= 0", lambda v: v >= 0,
+           "the length penalty's exponent: scores are log P / ((5 + |Y|) / 6) ** alpha"),
+    Option("max_length_a", "float32", 1.0, ">= 0", lambda v: v >= 0,
+           "an output has at most a * (source length) + b tokens (fairseq's --max-len-a)"),
+    Option("max_length_b", "int32", 50, ">= 0", lambda v: v >= 0, "b of max_length_a (fairseq's --max-len-b)"),
+    Option("min_length", "int32", 0, ">= 0", lambda v: v >= 0,
+           "no end of sentence before this many output tokens", min_length.process),
+    Option("no_repeat_ngram_size", "int32", 0, ">= 0", lambda v: v >= 0,
+           "no n-gram of this size twice in an output; 0: off", no_repeat_ngram.process),
+    Option("repetition_penalty", "float32", 1.0, "> 0", lambda v: v > 0,
+           "a token output already has its log-probability multiplied by this; 1: off",
+           repetition_penalty.process),
+    Option("disable_unk", "bool", False, "true or false", None,
+           "never output the unknown token", disable_unk.process),
+    Option("suppress_sequences", "string", (), "token sequences", None,
+           "token sequences an output must not contain", suppress_sequences.process),
+    Option("max_input_length", "int32", 0, ">= 0", lambda v: v >= 0,
+           "a longer source (in tokens, the end of sentence included) is cut to this many; 0: the model's limit"),
+)  # fmt: skip
+OPTION = {option.name: option for option in OPTIONS}
+
+
+def _check(settings):
+    for option in OPTIONS:
+        option.check_value(getattr(settings, option.name))
+    if isinstance(settings.beam_size, int) and settings.num_hypotheses is not None and not (
+        1 <= settings.num_hypotheses <= settings.beam_size
+    ):
+        raise ValueError(f"Decoding returns 1 to beam_size ({settings.beam_size}) hypotheses a sentence; got "
+                         f"num_hypotheses {settings.num_hypotheses}.")  # fmt: skip
+    if settings.stopping not in STOPPING_RULES:
+        raise ValueError(f"Decoding's stopping is one of {', '.join(STOPPING_RULES)}; got {settings.stopping!r}.")
+
+
+def _symbolic(value):
+    return hasattr(value, "shape") and not isinstance(value, np.ndarray) and not hasattr(value, "numpy")
+
+
+_TYPES = {"int32": int, "float32": float, "bool": bool, "string": tuple}
+DecodingSettings = dataclasses.make_dataclass(
+    "DecodingSettings",
+    [(option.name, _TYPES[option.dtype], dataclasses.field(default=option.default)) for option in OPTIONS]
+    + [("stopping", str, "exact"), ("num_hypotheses", int | None, None), ("alignment_layer", int, -1)],
+    frozen=True,
+    namespace={"__post_init__": _check, "__module__": __name__},
+)
+DecodingSettings.__doc__ = """How to decode: the paper's beam search by default (`hyperparameters.md`): beam 4, length
+penalty `lp(Y) = ((5 + |Y|) / 6) ** alpha` with alpha 0.6, at most `source length + 50` output
+tokens, early termination when possible. |Y| counts the output tokens including the
+end-of-sentence token.
+
+Its first fields are `OPTIONS`', one each, with the option's default: each a Python value for
+every sentence, or one value per sentence (`[batch]`; `suppress_sequences`: `[batch, s,
+length]` ids), as the SavedModel's `options` signature passes them. The others:
+
+    stopping: when beam search is done with a sentence (`STOPPING_RULES`). "exact": once no
+        alive hypothesis can beat the best ended one, whatever its continuation (the bound of
+        tensor2tensor, the paper's code). "first_k": once `beam_size` hypotheses have ended (or
+        sooner, where "exact" holds), returning the best of them, as CTranslate2, fairseq and
+        Hugging Face's `early_stopping=True` do: fewer steps, and it may miss a longer hypothesis
+        that would have scored higher (bench/README.md measures both).
+    num_hypotheses: n, to get each sentence's n best outputs, best first (an n-best list: tokens
+        `[batch, n, length]`, scores `[batch, n]`; 1 <= n <= beam_size); None for the best alone
+        (`[batch, length]`, `[batch]`).
+    alignment_layer: the decoder layer whose encoder-decoder attention `alignments` returns (a
+        Python index: -1, the default, is the last).
+"""
+
+
+def search_width(settings):
+    """The hypotheses a search keeps per sentence for `settings`: its beam size, or the largest of
+    per-sentence beam sizes given as NumPy values (symbolic ones need the caller's width)."""
+    if isinstance(settings.beam_size, int):
+        return settings.beam_size
+    if not hasattr(settings.beam_size, "numpy") and not isinstance(settings.beam_size, np.ndarray):
+        raise ValueError("Per-sentence beam sizes as symbolic tensors need the search's width (an int).")
+    return int(np.max(np.asarray(settings.beam_size)))
+
+
+def settings_with(settings, options):
+    """`settings` (default: `DecodingSettings()`) with `options` (field names -> values) replaced."""
+    settings = settings if settings is not None else DecodingSettings()
+    return dataclasses.replace(settings, **options) if options else settings
 
 
 SearchResult = collections.namedtuple("SearchResult", ["tokens", "scores"])
