@@ -1,7 +1,8 @@
 """`python -m export --run-dir DIR --out BASE`: write a SavedModel to BASE/<version>/
 (export/saved_model.py), with the tokenizer and the search behind one signature.
 
-Decoding settings are fixed here: `--beam-size 1` is greedy search.
+Decoding settings are fixed here (`--beam-size 1` is greedy search), as the defaults of the
+`options` signature, which takes each per request.
 """
 
 import argparse
@@ -19,6 +20,7 @@ from export.saved_model import PRECISIONS, export  # noqa: E402
 from export.serving import PARALLEL_SEARCHES  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
 from training.evaluate import add_decoding_flags, decoding_settings  # noqa: E402
+from training.run_folder import RunFolder  # noqa: E402
 
 
 def main(argv=None):
@@ -26,8 +28,6 @@ def main(argv=None):
     parser.add_argument("--run-dir", required=True, help="a run folder of training.train")
     parser.add_argument("--out", required=True, help="the model base path; the export goes to OUT/<version>/")
     add_decoding_flags(parser)
-    parser.add_argument("--max-length-b", type=int, default=DecodingSettings.max_length_b,
-                        help="output tokens beyond the source length")  # fmt: skip
     parser.add_argument("--alignment-layer", type=int, default=DecodingSettings.alignment_layer,
                         help="the decoder layer whose attention the alignments signature returns (-1: the last)")
     parser.add_argument("--version", type=int, help="the version number (default: the highest there + 1)")
@@ -40,7 +40,8 @@ def main(argv=None):
                         "GPUs (softmax, logits and scores stay float32)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        settings = decoding_settings(args, max_length_b=args.max_length_b, alignment_layer=args.alignment_layer)
+        tokenizer = RunFolder(args.run_dir).load_tokenizer() if args.suppress_sequences else None
+        settings = decoding_settings(args, tokenizer, alignment_layer=args.alignment_layer)
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
                         searches=args.searches, precision=args.precision)  # fmt: skip
     except ValueError as error:

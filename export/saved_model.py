@@ -21,9 +21,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from export.serving import PARALLEL_SEARCHES, Translator
+from export.serving import PARALLEL_SEARCHES, SIGNATURES, Translator
 from keras_transformer import Transformer
-from keras_transformer.search import DecodingSettings
+from keras_transformer.search import OPTIONS, DecodingSettings
 from keras_transformer.search.alignment import check_layer
 from training.run_folder import RunFolder
 
@@ -32,8 +32,9 @@ from training.run_folder import RunFolder
 # that the first user request does not pay the graph's set-up.
 WARMUP_FILE = "tf_serving_warmup_requests"
 WARMUP_BATCH_SIZES = (1, 32)
-# Each signature's inputs besides `text` in its warm-up requests, one value for every sentence
-# (export/serving.py).
+# Each signature's (export.serving.SIGNATURES') inputs besides `text` in its warm-up requests, one value for every sentence
+# (export/serving.py); the `options` signature's are every decoding option at its default, and
+# `score`'s target is the request's text.
 WARMUP_SIGNATURES = {
     "serving_default": {},
     "n_best": {"n": np.int32(1)},
@@ -41,7 +42,10 @@ WARMUP_SIGNATURES = {
     "prefix": {"prefix": b""},
     "sample": {"samples": np.int32(1), "temperature": np.float32(1), "top_k": np.int32(0), "top_p": np.float32(1),
                "seed": np.int32(0)},
-}
+    "options": {option.name: np.array([b""], object) if option.dtype == "string" else np.dtype(option.dtype).type(option.default)
+                for option in OPTIONS},
+    "score": {"target": None, "alpha": np.float32(DecodingSettings.alpha)},
+}  # fmt: skip
 
 
 def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
@@ -57,11 +61,13 @@ def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
             for batch in WARMUP_BATCH_SIZES:
                 lengths = rng.integers(1, max_source_length, size=batch)
                 ids = tf.ragged.constant([rng.integers(4, tokenizer.vocab_size, size=n).tolist() for n in lengths])
+                text = tokenizer.detokenize(ids).numpy()
                 request = predict_pb2.PredictRequest()
                 request.model_spec.signature_name = signature
-                request.inputs["text"].CopyFrom(tf.make_tensor_proto(tokenizer.detokenize(ids).numpy(), dtype=tf.string))
+                request.inputs["text"].CopyFrom(tf.make_tensor_proto(text, dtype=tf.string))
                 for name, value in inputs.items():  # the same value for each sentence
-                    request.inputs[name].CopyFrom(tf.make_tensor_proto(np.full(batch, value)))
+                    values = text if value is None else np.stack([value] * batch)
+                    request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
                 log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
                 writer.write(log.SerializeToString())
 
@@ -148,8 +154,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches)
         saved = os.path.join(staging, "model")
-        signatures = {"serving_default": translator.translate, "n_best": translator.n_best,
-                      "alignments": translator.alignments, "prefix": translator.prefix, "sample": translator.sample}  # fmt: skip
+        signatures = {name: getattr(translator, method) for name, method in SIGNATURES.items()}
         tf.saved_model.save(translator, saved, signatures=signatures)
         write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length)
         os.rename(saved, target)  # atomic on one filesystem

@@ -32,6 +32,21 @@ Each function is both a method of the loaded module and a signature of TF Servin
   and `scores` (tf.float32, [None, None], the model's length-penalised log-probability of each),
   as many columns as the largest `samples`, padded with "" and -1e9 as `n_best`'s.
 
+- `options`, the `options` signature: input `text`, and one input per decoding option of
+  `keras_transformer.search.OPTIONS` (export/README.md's table), each `[None]` (one value per
+  sentence, or one for all; `suppress_sequences`: tf.string `[None, None]`, each sentence's
+  phrases, "" for none), each defaulting to the export's value, which TF Serving feeds for an
+  input a request leaves out; outputs `translation` and `score` as `serving_default`'s, and `cut`
+  (tf.bool, [None]): the source was cut (at `max_input_length` or the model's `max_length`).
+  Outputs have at most the export's limit for its longest source. Values out of range are refused
+  with InvalidArgument naming the option.
+- `score`, the `score` signature: inputs `text`, `target` (tf.string, [None], a translation of
+  each) and `alpha` (tf.float32, [None], default the export's); outputs `log_prob` (tf.float32,
+  [None]: log P(target | text), its end of sentence included), `score` (log_prob / lp, as a
+  search scores it), `token_log_probs` (tf.float32, [None, None], each target piece's and the end
+  of sentence's, 0 on padding) and `length` (tf.int32, [None], their count): one forward pass
+  (`keras_transformer.search.score`).
+
 They use only ops of TensorFlow and tensorflow-text (which the stock TF Serving binary links),
 and no XLA.
 
@@ -46,12 +61,16 @@ here, `--tensorflow_intra_op_parallelism=1` in TF Serving (export/README.md).
 """
 
 import dataclasses
+import inspect
 import os
 
 import tensorflow as tf
 
 from keras_transformer.common import NEG_INF, PAD_ID
-from keras_transformer.search import DecodingSettings, Execution, SearchResult, alignments, decode, sample_search
+from keras_transformer.search import (OPTION, OPTIONS, DecodingSettings, Execution, SearchResult, alignments, decode,
+                                      sample_search)  # fmt: skip
+from keras_transformer.search import score as score_translations
+from keras_transformer.search.input_length import cut
 from keras_transformer.search.outputs import length_limits
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
@@ -60,12 +79,39 @@ PREFIX_SPEC = tf.TensorSpec([None], tf.string, name="prefix")
 SAMPLE_SPECS = [tf.TensorSpec([None], tf.int32, name="samples"), tf.TensorSpec([None], tf.float32, name="temperature"),
                 tf.TensorSpec([None], tf.int32, name="top_k"), tf.TensorSpec([None], tf.float32, name="top_p"),
                 tf.TensorSpec([None], tf.int32, name="seed")]  # fmt: skip
+TARGET_SPEC = tf.TensorSpec([None], tf.string, name="target")
 IDS_SPEC = tf.TensorSpec([None, None], tf.int32)
+
+
+def option_spec(option):
+    """The `options` signature's input for a decoding option (keras_transformer/search/settings.py's
+    `OPTIONS`): a value per sentence, `[None]`; token sequences as `[None, None]` strings."""
+    if option.dtype == "string":
+        return tf.TensorSpec([None, None], tf.string, name=option.name)
+    return tf.TensorSpec([None], option.dtype, name=option.name)
+
+
+OPTION_SPECS = [option_spec(option) for option in OPTIONS]
+ALPHA_SPEC = option_spec(OPTION["alpha"])
+# The SavedModel's signatures: name -> the `Translator` method behind it.
+SIGNATURES = {"serving_default": "translate", "n_best": "n_best", "alignments": "alignments", "prefix": "prefix",
+              "sample": "sample", "options": "options", "score": "score"}  # fmt: skip
 # Samples a request may ask for each sentence: each is a search of its own, and memory grows with them.
 MAX_SAMPLES = 100
 PARALLEL_SEARCHES = 2
 # The served graph: TensorFlow without XLA (as the stock TF Serving binary runs it), on CPUs.
 SERVED_EXECUTION = Execution.choose(compiled=False, platform="cpu")
+
+
+def options_table():
+    """export/README.md's table of the `options` signature's inputs, made from `OPTIONS`
+    (tests/test_export.py checks that the README holds it)."""
+    rows = ["| input | dtype | default | valid | what it does |", "| --- | --- | --- | --- | --- |"]
+    for option, spec in zip(OPTIONS, OPTION_SPECS):
+        shape = "[None, None]" if len(spec.shape) == 2 else "[None]"
+        default = "none" if option.default == () else str(option.default).lower()
+        rows.append(f"| `{option.name}` | `tf.{spec.dtype.name}` `{shape}` | {default} | {option.valid} | {option.help} |")
+    return "\n".join(rows) + "\n"
 
 
 def use_serving_threads():
@@ -100,6 +146,11 @@ class Translator(tf.Module):
         self.searches = searches
         self.assets = [tf.saved_model.Asset(path) for path in assets]
         object.__setattr__(self, "_search_functions", {})  # untracked: the signatures' graphs hold them
+        # Outputs of the `options` signature have at most the export's limit for its longest source.
+        self.longest_output = int(settings.max_length_a * model.config.max_length) + settings.max_length_b
+        defaults = [self._default(option) for option in OPTIONS]
+        self.options = with_defaults(self._options, [TEXT_SPEC, *OPTION_SPECS], defaults)
+        self.score = with_defaults(self._score, [TEXT_SPEC, TARGET_SPEC, ALPHA_SPEC], [tf.constant([settings.alpha])])
 
     @tf.function(input_signature=[TEXT_SPEC])
     def translate(self, text):
@@ -165,6 +216,64 @@ class Translator(tf.Module):
             result = self._sample(self._source_ids(text), seed, temperature, top_k, top_p, width)
         return self._lists(result, samples)
 
+    def _options(self, text, *values):
+        """`serving_default` with the decoding options of `OPTIONS`, each a value per sentence
+        (or one for all); the export's where a request gives none."""
+        source_ids, too_long = self._source_ids(text, report_cut=True)
+        options, checks = {}, []
+        for option, spec, value in zip(OPTIONS, OPTION_SPECS, values):
+            value = _per_sentence(value, spec, text, broadcast=True)
+            checks += self._checks(option, value)
+            options[option.name] = self._suppressed(value) if option.dtype == "string" else value
+        with tf.control_dependencies(checks):
+            source_ids, was_cut = cut(source_ids, options["max_input_length"])
+            result = self._search_with_options(source_ids, options)
+        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores, "cut": was_cut | too_long}
+
+    def _score(self, text, target, alpha):
+        source_ids = self._source_ids(text)
+        target_ids = self._source_ids(_per_sentence(target, TARGET_SPEC, text))  # its pieces and the end of sentence
+        alpha = _per_sentence(alpha, ALPHA_SPEC, text, broadcast=True)
+        with tf.control_dependencies(self._checks(OPTION["alpha"], alpha)):
+            result = score_translations(self.model, source_ids, target_ids, alpha)
+        return {"log_prob": result.log_prob, "score": result.score, "token_log_probs": result.token_log_probs,
+                "length": result.length}  # fmt: skip
+
+    def _default(self, option):
+        """The export's value of `option` as the signature's default: one value, for every sentence."""
+        value = getattr(self.settings, option.name)
+        if option.dtype != "string":
+            return tf.constant([value], option.dtype)
+        if not value:
+            return tf.zeros([1, 0], tf.string)
+        return self.tokenizer.detokenize(tf.ragged.constant([list(sequence) for sequence in value]))[None]
+
+    def _checks(self, option, value):
+        """Assertions that `value` is valid for `option`, whose InvalidArgument names it."""
+        if option.check is None:
+            return []
+        valid, valid_text = option.check(value), option.valid
+        if option.name == "beam_size":
+            valid, valid_text = valid & (value <= self.settings.beam_size), f"1 to the beam size of this export, {self.settings.beam_size}"
+        return [tf.debugging.Assert(tf.reduce_all(valid), [f"{option.name} must be {valid_text}"])]
+
+    def _suppressed(self, phrases):
+        """Strings `[batch, s]` -> their pieces, int32 `[batch, s, pieces]` (padded with 0)."""
+        shape = tf.shape(phrases)
+        ids = self.tokenizer.tokenize(_clean(tf.reshape(phrases, [-1]))).to_tensor()  # [batch * s, pieces]
+        return tf.reshape(ids, tf.concat([shape, tf.shape(ids)[1:]], axis=0))
+
+    def _search_with_options(self, source_ids, options):
+        names = list(options)
+
+        def search(ids, *values):
+            settings = dataclasses.replace(self.settings, **dict(zip(names, values)))
+            return decode(self.model, ids, settings, SERVED_EXECUTION, width=self.settings.beam_size,
+                          max_length=self.longest_output)  # fmt: skip
+
+        specs = [IDS_SPEC, *(tf.TensorSpec([None] * len(value.shape), value.dtype) for value in options.values())]
+        return in_parallel(self._function("options", search, specs), (source_ids, *options.values()), self.searches)
+
     def _lists(self, result, n):
         """A `SearchResult` of `[batch, width, length]` outputs -> each sentence's first `n`
         (int32 `[batch]`) as text, padded with "" and their scores with NEG_INF."""
@@ -175,9 +284,14 @@ class Translator(tf.Module):
         asked = tf.range(width)[None] < n[:, None]  # [batch, width]
         return {"translations": tf.where(asked, translations, ""), "scores": tf.where(asked, scores, NEG_INF)}
 
-    def _source_ids(self, text):
-        text = tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings")
-        return self.tokenizer.encode_source(_clean(text), self.model.config.max_length).to_tensor()
+    def _source_ids(self, text, report_cut=False):
+        """Text `[batch]` -> ids `[batch, length]` cut at the model's `max_length`; with
+        `report_cut`, also which were cut (bool `[batch]`)."""
+        text = _clean(tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings"))
+        ids = self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
+        if not report_cut:
+            return ids
+        return ids, self.tokenizer.tokenize(text).row_lengths() + 1 > self.model.config.max_length
 
     def _search(self, settings, source_ids, target_prefix=None):
         def search(ids, prefix=None):
@@ -210,14 +324,37 @@ def _clean(text):
     return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
 
 
-def _per_sentence(values, spec, text):
-    """`values` checked to be a vector (TF Serving feeds any shape it is sent; Python callers
-    are checked against the signature) of one value per sentence of `text`, with errors that
-    name the input."""
-    values = tf.ensure_shape(values, spec.shape, name=f"{spec.name}_must_be_a_vector_of_{spec.dtype.name}")
-    check = tf.debugging.assert_equal(tf.size(values), tf.size(text), message=f"{spec.name} must hold one value per sentence of text")
-    with tf.control_dependencies([check]):
+def _per_sentence(values, spec, text, broadcast=False):
+    """`values` checked to have `spec`'s shape (TF Serving feeds any shape it is sent; Python
+    callers are checked against the signature) and one value per sentence of `text` (with
+    `broadcast`, or one for all, which is repeated), with errors that name the input."""
+    kind = "vector" if len(spec.shape) == 1 else "matrix"
+    values = tf.ensure_shape(values, spec.shape, name=f"{spec.name}_must_be_a_{kind}_of_{spec.dtype.name}")
+    rows, batch = tf.shape(values)[0], tf.size(text)
+    if broadcast:
+        values = tf.cond(tf.equal(rows, 1), lambda: tf.repeat(values, batch, axis=0), lambda: values)
+        rows = tf.shape(values)[0]
+    message = f"{spec.name} must hold one value per sentence of text" + (" (or one for all)" if broadcast else "")
+    with tf.control_dependencies([tf.debugging.assert_equal(rows, batch, message=message)]):
         return tf.identity(values)
+
+
+def with_defaults(method, specs, defaults):
+    """`tf.function(method, input_signature=specs)` whose last inputs default to `defaults`
+    (tensors of one row): a SavedModel records them in the signature, and TF Serving
+    feeds them for inputs a request leaves out."""
+
+    def function(*values):
+        return method(*values)
+
+    parameter = inspect.Parameter
+    required = len(specs) - len(defaults)
+    function.__signature__ = inspect.Signature(
+        [parameter(spec.name, parameter.POSITIONAL_OR_KEYWORD) for spec in specs[:required]]
+        + [parameter(spec.name, parameter.POSITIONAL_OR_KEYWORD, default=default)
+           for spec, default in zip(specs[required:], defaults)]
+    )  # fmt: skip
+    return tf.function(function, input_signature=specs)
 
 
 def in_parallel(search, batched, searches, shared=()):
@@ -243,4 +380,8 @@ def in_parallel(search, batched, searches, shared=()):
     batch = batched[0].shape[0] if batched[0].shape[0] is not None else tf.shape(batched[0])[0]
     cuts = [batch * i // searches for i in range(searches + 1)]
     results = [search(*(value[start:end] for value in batched), *shared) for start, end in zip(cuts, cuts[1:])]
-    return SearchResult(*(tf.concat(parts, axis=0) for parts in zip(*results)))
+    tokens, scores = zip(*results)
+    # Per-sentence length limits give each slice the length of its own longest output.
+    longest = tf.reduce_max(tf.stack([tf.shape(part)[-1] for part in tokens]))
+    tokens = [tf.pad(part, [[0, 0]] * (len(part.shape) - 1) + [[0, longest - tf.shape(part)[-1]]]) for part in tokens]
+    return SearchResult(tf.concat(tokens, axis=0), tf.concat(scores, axis=0))

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 
-from export.serving import PARALLEL_SEARCHES
+from export.serving import PARALLEL_SEARCHES, SIGNATURES
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
 from training.run_folder import RunFolder
@@ -229,6 +229,11 @@ def _requests():
         "prefix": {"text": SENTENCES, "prefix": ["Der", "", "Die Katze"]},
         "sample": {"text": SENTENCES, "samples": [2, 1, 3], "temperature": [1.0, 1.5, 0.8], "top_k": [0, 5, 0],
                    "top_p": [1.0, 0.9, 0.95], "seed": [0, 1, 2]},
+        "options": {"text": SENTENCES, "beam_size": [4, 1, 2], "alpha": [0.6, 0.0, 1.0], "max_length_a": [1.0, 1.0, 0.5],
+                    "max_length_b": [50, 50, 4], "min_length": [0, 5, 0], "no_repeat_ngram_size": [1, 0, 2],
+                    "repetition_penalty": [1.0, 2.0, 1.0], "disable_unk": [True, False, True],
+                    "suppress_sequences": [["Hund", ""], ["", ""], ["Katze", "rote"]], "max_input_length": [0, 6, 0]},
+        "score": {"text": SENTENCES, "target": ["Der Hund.", "Ich denke.", "Die Katze."], "alpha": [0.6, 0.0, 1.0]},
     }  # fmt: skip
 
 
@@ -311,14 +316,13 @@ def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported)
         result = loaded.signatures[name](**inputs)
         text = inputs["text"].numpy()
         assert all(len(t) > 0 for t in text)
-        assert result["translations" if name in ("n_best", "sample") else "translation"].shape[0] == len(text)
+        first = {"n_best": "translations", "sample": "translations", "score": "log_prob"}.get(name, "translation")
+        assert result[first].shape[0] == len(text)
         requests.append((name, sorted(inputs), len(text)))
-    sample = ["samples", "seed", "temperature", "text", "top_k", "top_p"]
-    assert requests == [("serving_default", ["text"], 1), ("serving_default", ["text"], 32),
-                        ("n_best", ["n", "text"], 1), ("n_best", ["n", "text"], 32),
-                        ("alignments", ["text"], 1), ("alignments", ["text"], 32),
-                        ("prefix", ["prefix", "text"], 1), ("prefix", ["prefix", "text"], 32),
-                        ("sample", sample, 1), ("sample", sample, 32)]  # fmt: skip
+    # Every signature, with every input it has, at each batch size.
+    expected = [(name, sorted(signature.structured_input_signature[1]), batch)
+                for name, signature in loaded.signatures.items() for batch in (1, 32)]  # fmt: skip
+    assert sorted(requests) == sorted(expected) and set(loaded.signatures) == set(SIGNATURES)
 
 
 def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyond_the_beam(exported):

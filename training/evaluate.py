@@ -21,7 +21,7 @@ import sacrebleu  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer import PAD_ID  # noqa: E402
-from keras_transformer.search import STOPPING_RULES, DecodingSettings, Execution, decode  # noqa: E402
+from keras_transformer.search import OPTIONS, STOPPING_RULES, DecodingSettings, Execution, decode  # noqa: E402
 from training import run_folder  # noqa: E402
 from training.data import bucket_lengths  # noqa: E402
 
@@ -126,19 +126,38 @@ def prefixed(metrics, split):
     return {f"{split}_{key}": value for key, value in metrics.items() if key != "split"}
 
 
-def add_decoding_flags(parser):
-    """--beam-size, --alpha and --stopping, with `DecodingSettings`' defaults (the paper's);
-    `decoding_settings(args)` reads them."""
-    parser.add_argument("--beam-size", type=int, default=DecodingSettings.beam_size, help="1 for greedy search")
-    parser.add_argument("--alpha", type=float, default=DecodingSettings.alpha, help="length penalty exponent")
-    parser.add_argument("--stopping", choices=STOPPING_RULES, default=DecodingSettings.stopping,
-                        help="when beam search is done with a sentence: exact (no alive hypothesis can beat the "
-                        "best ended one) or first_k (beam-size hypotheses have ended: faster, as CTranslate2)")  # fmt: skip
+def add_decoding_flags(parser, defaults=True):
+    """A flag per decoding option of `OPTIONS` (--beam-size, --alpha, --no-repeat-ngram-size, ...)
+    with its default (the paper's decoding), and --stopping; `decoding_settings(args)` reads them.
+    Without `defaults` every flag defaults to None (export.translate: the export's value)."""
+    group = parser.add_argument_group("decoding options")
+    for option in OPTIONS:
+        flag, default = "--" + option.name.replace("_", "-"), option.default if defaults else None
+        help = f"{option.help} ({option.valid})"
+        if option.dtype == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
+        elif option.dtype == "string":
+            group.add_argument(flag, action="append", default=None, metavar="TEXT",
+                               help=f"{option.help}: a phrase, cut into pieces (repeat the flag for more)")  # fmt: skip
+        else:
+            group.add_argument(flag, type=int if option.dtype == "int32" else float, default=default, help=help)
+    if defaults:
+        group.add_argument("--stopping", choices=STOPPING_RULES, default=DecodingSettings.stopping,
+                           help="when beam search is done with a sentence: exact (no alive hypothesis can beat the "
+                           "best ended one) or first_k (beam-size hypotheses have ended: faster, as CTranslate2)")  # fmt: skip
 
 
-def decoding_settings(args, **more):
-    """The `DecodingSettings` of `add_decoding_flags`' flags, and `more` fields."""
-    return DecodingSettings(beam_size=args.beam_size, alpha=args.alpha, stopping=args.stopping, **more)
+def decoding_settings(args, tokenizer=None, **more):
+    """The `DecodingSettings` of `add_decoding_flags`' flags (token sequences cut into pieces by
+    `tokenizer`), and `more` fields."""
+    values = {option.name: getattr(args, option.name) for option in OPTIONS if option.dtype != "string"}
+    for option in OPTIONS:
+        phrases = getattr(args, option.name) if option.dtype == "string" else None
+        if phrases:
+            if tokenizer is None:
+                raise ValueError(f"--{option.name.replace('_', '-')} needs the run's tokenizer.")
+            values[option.name] = tuple(tuple(tokenizer.tokenize(tf.constant(phrase)).numpy().tolist()) for phrase in phrases)
+    return DecodingSettings(**values, stopping=args.stopping, **more)
 
 
 def main(argv=None):
@@ -153,13 +172,13 @@ def main(argv=None):
     run = run_folder.RunFolder(args.run_dir)
     try:
         model, checkpoint_path = run.load_model(args.checkpoint)
-        corpus = run.load_corpus()
+        corpus, tokenizer = run.load_corpus(), run.load_tokenizer()
         metrics = evaluate(
             model,
-            run.load_tokenizer(),
+            tokenizer,
             corpus,
             args.split,
-            decoding_settings(args),
+            decoding_settings(args, tokenizer),
             limit=args.limit,
             output_path=os.path.join(args.run_dir, f"translations.{args.split}.txt"),
         )

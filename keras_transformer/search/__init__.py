@@ -12,8 +12,8 @@ cache's layout, dropping finished sentences, the top-k kernel) is an `Execution`
 One idea per module: `settings` (what is asked: the table of decoding options), `execution` (how
 it runs), `interface` (what a model provides), `greedy` and `beam` (the two searches), `sampling`
 (outputs drawn at random), `processors` (the seam between the model's log-probabilities and a
-search's choice, one module per option that acts there, and the target prefix), `loop` (the while
-loop), `top_k` (the best tokens of a step), `outputs` (length limits, writing and cutting
+search's choice, one module per option that acts there, and the target prefix), `scoring` (given
+translations' log-probabilities), `loop` (the while loop), `top_k` (the best tokens of a step), `outputs` (length limits, writing and cutting
 sequences), `input_length` (cutting long sources), `alignment` (the attention an output paid to
 its source).
 """
@@ -24,7 +24,8 @@ from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import GreedyState, greedy_search
 from keras_transformer.search.interface import DecodingModel
 from keras_transformer.search.sampling import SamplingSettings, sample_search
-from keras_transformer.search.settings import (OPTIONS, STOPPING_RULES, DecodingSettings, Option, SearchResult,
+from keras_transformer.search.scoring import ScoreResult, score
+from keras_transformer.search.settings import (OPTION, OPTIONS, STOPPING_RULES, DecodingSettings, Option, SearchResult,
                                                length_penalty, search_width, settings_with)  # fmt: skip
 
 
@@ -69,10 +70,12 @@ __all__ = [
     "DecodingSettings",
     "Execution",
     "GreedyState",
+    "OPTION",
     "OPTIONS",
     "Option",
     "STOPPING_RULES",
     "SamplingSettings",
+    "ScoreResult",
     "SearchResult",
     "alignments",
     "beam_search",
@@ -80,4 +83,5 @@ __all__ = [
     "greedy_search",
     "length_penalty",
     "sample_search",
+    "score",
 ]

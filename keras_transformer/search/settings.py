@@ -61,7 +61,7 @@ OPTIONS = (
     Option("beam_size", "int32", 4, "at least 1, and at most the search's width (an export's beam size)",
            lambda v: v >= 1, "hypotheses kept per sentence; 1 is greedy search"),
     Option("alpha", "float32", 0.6, ">= 0", lambda v: v >= 0,
-           "the length penalty's exponent: scores are log P / ((5 + |Y|) / 6) ** alpha"),
+           "the length penalty's exponent: a score is log P / ((5 + length) / 6) ** alpha"),
     Option("max_length_a", "float32", 1.0, ">= 0", lambda v: v >= 0,
            "an output has at most a * (source length) + b tokens (fairseq's --max-len-a)"),
     Option("max_length_b", "int32", 50, ">= 0", lambda v: v >= 0, "b of max_length_a (fairseq's --max-len-b)"),

@@ -43,7 +43,7 @@ class Processing:
     def __init__(self, settings, target_prefix=None):
         from keras_transformer.search.settings import OPTIONS
 
-        self.processors = [(option.processor, getattr(settings, option.name)) for option in OPTIONS
+        self.processors = [(option.processor, _typed(getattr(settings, option.name), option)) for option in OPTIONS
                            if option.processor is not None and option.is_set(getattr(settings, option.name))]  # fmt: skip
         if target_prefix is not None:
             self.processors.append((prefix.process, ops.convert_to_tensor(target_prefix, "int32")))
@@ -68,6 +68,14 @@ class Processing:
             return top_k.best_tokens(logits, n, kernel)
         values, tokens = top_k.top_k(self(logits, step), n, kernel)
         return values, ops.cast(tokens, "int32")
+
+
+def _typed(value, option):
+    """Per-sentence values as a tensor of the option's dtype (token ids for "string"); a Python
+    value as is."""
+    if isinstance(value, (bool, int, float, str, tuple)):
+        return value
+    return ops.convert_to_tensor(value, "int32" if option.dtype == "string" else option.dtype)
 
 
 def log_softmax(logits):

@@ -1,0 +1,200 @@
+"""The SavedModel's `options` and `score` signatures (export/serving.py) against the library, on the
+suite's shared export of beam 4 (tests/artifacts.py)."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from export.serving import OPTION_SPECS, options_table
+from keras_transformer import BOS_ID, PAD_ID
+from keras_transformer.search import OPTIONS, DecodingSettings, decode
+from keras_transformer.search.input_length import cut
+from training.run_folder import RunFolder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SENTENCES = [
+    "Yesterday the small dog saw the red car.",
+    "I think that my friends help the old teacher in the park.",
+    "The cat follows a horse.",
+]
+# One value per sentence of SENTENCES for each option: each processor on for some sentence.
+PER_SENTENCE = {
+    "beam_size": [4, 1, 2],
+    "alpha": [0.6, 0.0, 1.0],
+    "max_length_a": [1.0, 1.0, 0.5],
+    "max_length_b": [50, 50, 4],
+    "min_length": [0, 16, 0],
+    "no_repeat_ngram_size": [1, 0, 2],
+    "repetition_penalty": [1.0, 2.0, 1.0],
+    "disable_unk": [True, False, True],
+    "suppress_sequences": [["Hund", "rote"], ["", ""], ["Katze", ""]],
+    "max_input_length": [0, 6, 0],
+}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served(artifacts):
+    return tf.saved_model.load(artifacts.exports[4])
+
+
+@pytest.fixture
+def library(artifacts, served):
+    """The run's model and tokenizer, loaded after the export (loading a SavedModel can drop the
+    SentencePiece resource of a tokenizer made before it)."""
+    run = RunFolder(artifacts.tf_run)
+    model, _ = run.load_model()
+    return model, run.load_tokenizer()
+
+
+def _inputs(values):
+    specs = {spec.name: spec for spec in OPTION_SPECS}
+    return {name: tf.constant(value, specs[name].dtype) for name, value in values.items()}
+
+
+def test_every_option_is_an_input_that_defaults_to_the_exports_value(served, artifacts):
+    signature = served.signatures["options"]
+    specs = signature.structured_input_signature[1]
+    assert {name: (spec.dtype, spec.shape.as_list()) for name, spec in specs.items()} == {
+        "text": (tf.string, [None]),
+        **{option.name: (tf.as_dtype(option.dtype), [None, None] if option.dtype == "string" else [None]) for option in OPTIONS},
+    }
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(artifacts.exports[4], "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    defaults = {name: tf.make_ndarray(proto) for name, proto in saved.meta_graphs[0].signature_def["options"].defaults.items()}
+    assert sorted(defaults) == sorted(option.name for option in OPTIONS)  # TF Serving feeds these for omitted inputs
+    for option in OPTIONS:
+        if option.dtype == "string":
+            assert defaults[option.name].shape == (1, 0)
+        else:
+            np.testing.assert_array_equal(defaults[option.name], np.array([option.default], option.dtype), option.name)
+    # Omitted: the export's decoding, serving_default's translations.
+    best, result = served.translate(tf.constant(SENTENCES)), served.options(tf.constant(SENTENCES))
+    np.testing.assert_array_equal(result["translation"], best["translation"])
+    np.testing.assert_allclose(result["score"], best["score"], rtol=1e-6)
+    assert not np.any(result["cut"])
+
+
+def test_per_sentence_options_give_what_the_library_gives_each_sentence(served, library):
+    model, tokenizer = library
+    text = tf.constant(SENTENCES)
+    result = served.options(text, **_inputs(PER_SENTENCE))
+    source_ids, was_cut = cut(tokenizer.encode_source(text).to_tensor(), np.array(PER_SENTENCE["max_input_length"]))
+    suppressed = tf.reshape(tokenizer.tokenize(tf.reshape(tf.constant(PER_SENTENCE["suppress_sequences"]), [-1])).to_tensor(),
+                            [3, 2, -1])  # fmt: skip
+    values = {name: np.array(value) for name, value in PER_SENTENCE.items() if name != "suppress_sequences"}
+    settings = DecodingSettings(**values, suppress_sequences=suppressed)
+    longest = int(model.config.max_length * DecodingSettings.max_length_a) + DecodingSettings.max_length_b
+    expected = decode(model, source_ids, settings, width=4, max_length=longest)
+    np.testing.assert_array_equal(result["translation"], tokenizer.detokenize(expected.tokens))
+    np.testing.assert_allclose(result["score"], expected.scores, rtol=1e-5)
+    np.testing.assert_array_equal(result["cut"], was_cut)
+    assert result["cut"].numpy().tolist() == [False, True, False]
+    translations = [t.decode() for t in result["translation"].numpy()]
+    assert "Hund" not in translations[0] and "Katze" not in translations[2]
+    best = [t.decode() for t in served.translate(text)["translation"].numpy()]
+    assert [a != b for a, b in zip(translations, best)] == [True, True, True], (translations, best)
+    # One value for every sentence.
+    one = served.options(text, no_repeat_ngram_size=tf.constant([1]))
+    each = served.options(text, no_repeat_ngram_size=tf.constant([1, 1, 1]))
+    np.testing.assert_array_equal(one["translation"], each["translation"])
+
+
+def test_bad_option_values_are_invalid_arguments_that_name_the_option(served):
+    text = tf.constant(SENTENCES)
+    for name, value, error in (
+        ("beam_size", [5], "beam_size must be 1 to the beam size of this export, 4"),
+        ("beam_size", [0], "beam_size must be 1 to the beam size of this export, 4"),
+        ("alpha", [math.nan], "alpha must be >= 0"),
+        ("alpha", [-1.0], "alpha must be >= 0"),
+        ("min_length", [2, -1, 0], "min_length must be >= 0"),
+        ("repetition_penalty", [0.0], "repetition_penalty must be > 0"),
+        ("max_length_a", [math.nan], "max_length_a must be >= 0"),
+        ("no_repeat_ngram_size", [1, 2], r"no_repeat_ngram_size must hold one value per sentence of text \(or one for all\)"),
+    ):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=error):
+            served.options(text, **_inputs({name: value}))
+
+
+def test_a_source_longer_than_the_limit_is_cut_never_refused_and_the_response_says_so(served):
+    text = tf.constant(["word " * 20000, SENTENCES[0], SENTENCES[1]])
+    result = served.options(text, max_input_length=tf.constant([0, 3, 0]))
+    assert result["cut"].numpy().tolist() == [True, True, False]  # the model's limit, the request's, none
+    assert all(len(t) > 0 for t in result["translation"].numpy()[:2])
+
+
+def _full_forward_log_probs(model, source_ids, target_ids):
+    """Each target token's log-probability by one teacher-forced pass, log-softmax in NumPy over
+    every token but padding (which is never generated)."""
+    inputs = np.concatenate([np.full((len(target_ids), 1), BOS_ID), target_ids[:, :-1]], axis=1)
+    logits = np.asarray(model((source_ids, inputs)), "float64")[..., 1:]
+    top = logits.max(-1, keepdims=True)
+    log_probs = logits - top - np.log(np.sum(np.exp(logits - top), -1, keepdims=True))
+    return [[log_probs[row, i, t - 1] for i, t in enumerate(target) if t != PAD_ID] for row, target in enumerate(target_ids)]
+
+
+def test_score_is_a_full_forward_pass_and_equals_the_searchs_own_score(served, library):
+    model, tokenizer = library
+    text = tf.constant(SENTENCES)
+    best = served.translate(text)
+    result = {key: value.numpy() for key, value in served.score(text, best["translation"]).items()}
+    # The search's own score of its translation (each ended with the end of sentence).
+    np.testing.assert_allclose(result["score"], best["score"].numpy(), rtol=1e-4)
+    source_ids = tokenizer.encode_source(text).to_tensor().numpy()
+    targets = ["Der Hund sieht das Auto.", "Ich denke.", "Die Katze folgt einem Pferd und einem Hund."]
+    scored = {key: value.numpy() for key, value in served.score(text, tf.constant(targets), alpha=tf.constant([0.0])).items()}
+    target_ids = tokenizer.encode_source(tf.constant(targets)).to_tensor().numpy()
+    expected = _full_forward_log_probs(model, source_ids, target_ids)
+    for row, tokens in enumerate(expected):
+        assert scored["length"][row] == len(tokens) == np.sum(target_ids[row] != PAD_ID)
+        np.testing.assert_allclose(scored["token_log_probs"][row, : len(tokens)], tokens, rtol=1e-4, atol=1e-5)
+        assert np.all(scored["token_log_probs"][row, len(tokens) :] == 0)
+        np.testing.assert_allclose(scored["log_prob"][row], sum(tokens), rtol=1e-4)
+    np.testing.assert_allclose(scored["score"], scored["log_prob"], rtol=1e-6)  # alpha 0: no length penalty
+    with pytest.raises(tf.errors.InvalidArgumentError, match="target must hold one value per sentence of text"):
+        served.score(text, tf.constant(targets[:2]))
+
+
+def test_export_readme_holds_the_table_of_options():
+    with open(os.path.join(ROOT, "export", "README.md"), encoding="utf-8") as f:
+        assert options_table() in f.read()
+
+
+def test_translate_command_line_takes_each_option_and_scores_a_file(artifacts, tmp_path, capsys, monkeypatch):
+    from export import translate
+
+    monkeypatch.setattr(translate, "use_serving_threads", lambda: None)  # set at a process' start: this one has begun
+
+    def run(*arguments):
+        capsys.readouterr()
+        translate.main([str(argument) for argument in arguments])
+        return capsys.readouterr()
+
+    export = artifacts.exports[4]
+    served = tf.saved_model.load(export)  # kept: its functions need its variables
+    printed = run(export, *SENTENCES, "--no-repeat-ngram-size", 1, "--disable-unk", "--suppress-sequences", "Hund",
+                  "--max-input-length", 6)  # fmt: skip
+    expected = served.options(tf.constant(SENTENCES), no_repeat_ngram_size=tf.constant([1]), disable_unk=tf.constant([True]),
+                              suppress_sequences=tf.constant([["Hund"]]), max_input_length=tf.constant([6]))  # fmt: skip
+    assert printed.out.splitlines() == [t.decode() for t in expected["translation"].numpy()]
+    assert printed.err.splitlines() == [f"sentence {i + 1}: its source was cut" for i in np.flatnonzero(expected["cut"])]
+    targets = tmp_path / "targets.txt"
+    targets.write_text("Der Hund.\nIch denke.\nDie Katze.\n", encoding="utf-8")
+    lines = [line.split("\t") for line in run(export, *SENTENCES, "--score", targets).out.splitlines()]
+    scored = served.score(tf.constant(SENTENCES), tf.constant(["Der Hund.", "Ich denke.", "Die Katze."]))
+    np.testing.assert_allclose([float(score) for score, _, _ in lines], scored["score"].numpy(), atol=1e-4)
+    for (_, log_prob, tokens), length, row in zip(lines, scored["length"].numpy(), scored["token_log_probs"].numpy()):
+        np.testing.assert_allclose([float(t) for t in tokens.split()], row[:length], atol=1e-4)
+        np.testing.assert_allclose(float(log_prob), row.sum(), atol=1e-3)
+    for arguments, error in (
+        ([export, "x", "--score", targets], "has 3 lines for 1 sentences"),
+        ([export, "x", "--n-best", "2", "--min-length", "3"], "decoding options apply to plain translations"),
+    ):
+        with pytest.raises(SystemExit, match=error):
+            translate.main([str(a) for a in arguments])
