@@ -85,24 +85,35 @@ def compare(export_dirs, sources, batch, rounds, references=None):
               **({"bleu": export_bleu, "baseline_bleu": bleu[0]} if references else {})})  # fmt: skip
 
 
+def add_request_flags(parser, rounds):
+    """--sentences, --batch, --rounds (default `rounds`), --limit and --smoke, for benchmarks that
+    send a file's sentences to exports."""
+    parser.add_argument("--sentences", help="source sentences, or a run's test pairs as JSON lines")
+    parser.add_argument("--batch", type=int, default=32, help="sentences a request")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--limit", type=int, default=320, help="the first N sentences of --sentences")
+    parser.add_argument("--smoke", action="store_true")
+
+
+def run_smoke(module, exports_of):
+    """`python -m module` in a fresh process (its threads) on the smoke export (`exports_of(folder)`:
+    the positional arguments) and three sentences, two a request, for two rounds."""
+    from bench import smoke
+
+    with tempfile.TemporaryDirectory() as scratch:
+        sentences = os.path.join(scratch, "sentences.txt")
+        with open(sentences, "w") as f:
+            f.write("a small test\nanother sentence here\nand a third\n")
+        run_isolated(module, [*exports_of(smoke.export(scratch)), f"--sentences={sentences}", "--batch=2", "--rounds=2"])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("exports", nargs="*", help="SavedModel version folders; ratios are to the first")
-    parser.add_argument("--sentences", help="source sentences, or a run's test pairs as JSON lines")
-    parser.add_argument("--batch", type=int, default=32, help="sentences a request")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--limit", type=int, default=320, help="the first N sentences of --sentences")
-    parser.add_argument("--smoke", action="store_true")
+    add_request_flags(parser, rounds=10)
     args = parser.parse_args()
-    if args.smoke:
-        from bench import smoke
-
-        with tempfile.TemporaryDirectory() as scratch:  # one export against itself, in a fresh process (its threads)
-            exported = smoke.export(scratch)
-            sentences = os.path.join(scratch, "sentences.txt")
-            with open(sentences, "w") as f:
-                f.write("a small test\nanother sentence here\nand a third\n")
-            run_isolated("bench.compare_exports", [exported, exported, f"--sentences={sentences}", "--batch=2", "--rounds=2"])
+    if args.smoke:  # one export against itself
+        run_smoke("bench.compare_exports", lambda exported: [exported, exported])
         return
     if len(args.exports) < 2 or not args.sentences:
         parser.error("two or more exports and --sentences are needed (or --smoke)")

@@ -33,8 +33,8 @@ from training.run_folder import RunFolder
 WARMUP_FILE = "tf_serving_warmup_requests"
 WARMUP_BATCH_SIZES = (1, 32)
 # Each signature's (export.serving.SIGNATURES') inputs besides `text` in its warm-up requests, one value for every sentence
-# (export/serving.py); the `options` signature's are every decoding option at its default, and
-# `score`'s target is the request's text.
+# (export/serving.py); the `options` signature's are every decoding option set to its example
+# value (so that each processor runs), and `score`'s target is the request's text.
 WARMUP_SIGNATURES = {
     "serving_default": {},
     "n_best": {"n": np.int32(1)},
@@ -42,16 +42,17 @@ WARMUP_SIGNATURES = {
     "prefix": {"prefix": b""},
     "sample": {"samples": np.int32(1), "temperature": np.float32(1), "top_k": np.int32(0), "top_p": np.float32(1),
                "seed": np.int32(0)},
-    "options": {option.name: np.array([b""], object) if option.dtype == "string" else np.dtype(option.dtype).type(option.default)
-                for option in OPTIONS},
+    "options": {option.name: np.array(option.example, object) if option.dtype == "string"
+                else np.dtype(option.dtype).type(option.example) for option in OPTIONS},
     "score": {"target": None, "alpha": np.float32(DecodingSettings.alpha)},
 }  # fmt: skip
 
 
-def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
+def write_warmup_requests(path, tokenizer, max_source_length, beam_size, seed=0):
     """Writes `path`: for each signature of `WARMUP_SIGNATURES`, one `PredictionLog` record per
     batch size of `WARMUP_BATCH_SIZES`, a request of made-up sentences (random pieces of the
-    vocabulary, of lengths up to the model's `max_source_length`)."""
+    vocabulary, of lengths up to the model's `max_source_length`); beam sizes at most the
+    export's `beam_size`."""
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     rng = np.random.default_rng(seed)
@@ -66,6 +67,7 @@ def write_warmup_requests(path, tokenizer, max_source_length, seed=0):
                 request.model_spec.signature_name = signature
                 request.inputs["text"].CopyFrom(tf.make_tensor_proto(text, dtype=tf.string))
                 for name, value in inputs.items():  # the same value for each sentence
+                    value = min(value, beam_size) if name == "beam_size" else value
                     values = text if value is None else np.stack([value] * batch)
                     request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
                 log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
@@ -156,7 +158,8 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         saved = os.path.join(staging, "model")
         signatures = {name: getattr(translator, method) for name, method in SIGNATURES.items()}
         tf.saved_model.save(translator, saved, signatures=signatures)
-        write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length)
+        write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length,
+                              settings.beam_size)
         os.rename(saved, target)  # atomic on one filesystem
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -67,7 +67,7 @@ import os
 import tensorflow as tf
 
 from keras_transformer.common import NEG_INF, PAD_ID
-from keras_transformer.search import (OPTION, OPTIONS, DecodingSettings, Execution, SearchResult, alignments, decode,
+from keras_transformer.search import (OPTION, OPTIONS, DecodingSettings, Execution, alignments, decode,
                                       sample_search)  # fmt: skip
 from keras_transformer.search import score as score_translations
 from keras_transformer.search.input_length import cut
@@ -234,8 +234,13 @@ class Translator(tf.Module):
         source_ids = self._source_ids(text)
         target_ids = self._source_ids(_per_sentence(target, TARGET_SPEC, text))  # its pieces and the end of sentence
         alpha = _per_sentence(alpha, ALPHA_SPEC, text, broadcast=True)
+        def scored(source_ids, target_ids, alpha):  # a slice's, trimmed to its own longest target
+            length = tf.reduce_max(tf.concat([tf.reduce_sum(tf.cast(target_ids != PAD_ID, tf.int32), axis=1), [1]], 0))
+            return score_translations(self.model, source_ids, target_ids[:, :length], alpha)
+
+        specs = [IDS_SPEC, IDS_SPEC, tf.TensorSpec([None], tf.float32)]
         with tf.control_dependencies(self._checks(OPTION["alpha"], alpha)):
-            result = score_translations(self.model, source_ids, target_ids, alpha)
+            result = in_parallel(self._function("score", scored, specs), (source_ids, target_ids, alpha), self.searches)
         return {"log_prob": result.log_prob, "score": result.score, "token_log_probs": result.token_log_probs,
                 "length": result.length}  # fmt: skip
 
@@ -358,7 +363,8 @@ def with_defaults(method, specs, defaults):
 
 
 def in_parallel(search, batched, searches, shared=()):
-    """`search(*batched, *shared)`, a `SearchResult`, as `searches` independent searches over
+    """`search(*batched, *shared)`, a `SearchResult` (or another namedtuple of `[rows, ...]`
+    tensors: a `ScoreResult`), as `searches` independent searches over
     consecutive slices of the batch (some may be empty), concatenated: the same result.
     `batched` is a tensor `[batch, ...]` (source ids) or a tuple of them (with a target prefix,
     per-sentence options); `shared` are passed whole to each search.
@@ -380,8 +386,14 @@ def in_parallel(search, batched, searches, shared=()):
     batch = batched[0].shape[0] if batched[0].shape[0] is not None else tf.shape(batched[0])[0]
     cuts = [batch * i // searches for i in range(searches + 1)]
     results = [search(*(value[start:end] for value in batched), *shared) for start, end in zip(cuts, cuts[1:])]
-    tokens, scores = zip(*results)
-    # Per-sentence length limits give each slice the length of its own longest output.
-    longest = tf.reduce_max(tf.stack([tf.shape(part)[-1] for part in tokens]))
-    tokens = [tf.pad(part, [[0, 0]] * (len(part.shape) - 1) + [[0, longest - tf.shape(part)[-1]]]) for part in tokens]
-    return SearchResult(tf.concat(tokens, axis=0), tf.concat(scores, axis=0))
+    return type(results[0])(*(_concatenate(parts) for parts in zip(*results)))
+
+
+def _concatenate(parts):
+    """Slices' `[rows, ...]` results as one, each padded with 0 along its last axis to the
+    longest: each slice's outputs are as long as its own longest (a search's tokens under
+    per-sentence length limits, a score's per-token log-probabilities)."""
+    if len(parts[0].shape) == 1:
+        return tf.concat(parts, axis=0)
+    longest = tf.reduce_max(tf.stack([tf.shape(part)[-1] for part in parts]))
+    return tf.concat([tf.pad(part, [[0, 0]] * (len(part.shape) - 1) + [[0, longest - tf.shape(part)[-1]]]) for part in parts], 0)

@@ -11,7 +11,7 @@
     decode WEIGHTS SOURCES_NPY             greedy and beam 4 search of the model in WEIGHTS
                                            (.weights.h5 beside its config .json), compiled for the
                                            backend, on source ids, and both with a target prefix
-                                           (`PREFIX`), and sampling (`SAMPLING`), and both with
+                                           (`PREFIX`), and sampling (`SAMPLING`), and each with
                                            per-sentence options (`processed_options`); prints
                                            JSON tokens and scores
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
@@ -113,6 +113,12 @@ def decode(weights_path, sources_path):
                 return decode_with(model, ids, DecodingSettings(max_length_b=4, **options), execution)
 
             yield f"{width} options", evaluate.compile_for_backend(model, processed), (sources,)
+
+        def sampled_with_options(ids, execution):
+            options = {name: value for name, value in processed_options(len(sources), 1).items() if name != "beam_size"}
+            return sample_search(model, ids, np.arange(len(sources)), execution=execution, **SAMPLING, **options)
+
+        yield "sample options", evaluate.compile_for_backend(model, sampled_with_options), (sources,)
 
     result = {}
     for name, search, inputs in searches():

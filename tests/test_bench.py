@@ -12,6 +12,7 @@ from training import learning_curve
 
 REQUIRED = {
     "bench.compare_exports": {"benchmark", "batch"},  # and each round's figures, or a summary
+    "bench.options": {"benchmark", "batch"},  # and each round's figures, or a mode's summary
     "bench.decode_profile": {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
     "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
     "bench.multihost": {"one_process_4_devices_tgt_tokens_per_s_per_device", "two_processes_2_devices_tgt_tokens_per_s_per_device", "ratio"},
@@ -59,6 +60,16 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
         (summary,) = [r for r in records if r["benchmark"] == "compare_exports_summary"]
         assert summary["min_ratio"] <= summary["median_ratio"] <= summary["max_ratio"]
         assert summary["same_translations"] == 1  # the same export translates the same
+    if module == "bench.options":  # every option measured alone, each ratio from its round's speeds
+        from keras_transformer.search import OPTIONS
+
+        modes = {r["mode"] for r in records if r["benchmark"] == "options_summary"}
+        assert modes == {"options, none set", "options, all set", "score", *(f"options, {o.name}" for o in OPTIONS)}
+        rounds = [r for r in records if r["benchmark"] == "options"]
+        assert len(rounds) == 2 and all(set(r["sentences_per_s_each"]) == modes | {"serving_default"} for r in rounds)
+        for summary in (r for r in records if r["benchmark"] == "options_summary"):
+            ratios = [r["sentences_per_s_each"][summary["mode"]] / r["sentences_per_s_each"]["serving_default"] for r in rounds]
+            assert summary["min_ratio"] == pytest.approx(min(ratios), rel=0.01, abs=0.001)
     if module == "bench.multihost":
         (record,) = records
         one, two = (record[f"{name}_tgt_tokens_per_s_per_device"] for name in ("one_process_4_devices", "two_processes_2_devices"))

@@ -533,7 +533,7 @@ def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(r
 
 def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     """Greedy and beam 4, each also with a target prefix and with per-sentence options, and
-    sampling, compiled for each backend
+    sampling, also with options, compiled for each backend
     as `training.evaluate` compiles them (TensorFlow: XLA; JAX: jax.jit), on the same weights and
     sources: the same tokens (the random numbers too). JAX's searches ran once, in a process of
     their own (tests/artifacts.py: tests/backend_worker.py decode)."""
@@ -557,6 +557,9 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     for width in (1, 4):
         settings = DecodingSettings(max_length_b=4, **processed_options(len(sources), width))
         under_tensorflow[f"{width} options"] = compile_search(model, settings)(sources)
+    options = {name: value for name, value in processed_options(len(sources), 1).items() if name != "beam_size"}
+    under_tensorflow["sample options"] = compile_for_backend(model, lambda ids, execution: sample_search(
+        model, ids, np.arange(len(sources)), execution=execution, **SAMPLING, **options))(sources)  # fmt: skip
     assert sorted(under_jax) == sorted(under_tensorflow)
     for name, (tokens, scores) in under_tensorflow.items():
         jax_tokens, jax_scores = under_jax[name]
@@ -565,8 +568,8 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     tokens = np.asarray(under_tensorflow["4"].tokens)
     assert len(set(_nonzero_lengths(tokens))) > 2  # outputs of several lengths
     assert np.all(np.asarray(under_tensorflow["4 prefix"].tokens)[::3, :2] == [5, 6])
-    for width in (1, 4):
-        assert not np.array_equal(under_tensorflow[f"{width} options"].tokens, under_tensorflow[str(width)].tokens)
+    for plain in ("1", "4", "sample"):
+        assert not np.array_equal(under_tensorflow[f"{plain} options"].tokens, under_tensorflow[plain].tokens), plain
 
 
 def test_alignments_are_the_models_attention_over_the_real_source_for_each_output_piece(reversal_model):

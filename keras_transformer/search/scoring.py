@@ -7,7 +7,7 @@ import collections
 
 from keras import ops
 
-from keras_transformer.common import BOS_ID, NEG_INF, PAD_ID
+from keras_transformer.common import BOS_ID, PAD_ID, take_per_row
 from keras_transformer.search.settings import DecodingSettings, length_penalty
 
 ScoreResult = collections.namedtuple("ScoreResult", ["log_prob", "score", "token_log_probs", "length"])
@@ -38,12 +38,13 @@ def score(model, source_ids, target_ids, alpha=DecodingSettings.alpha):
     batch = ops.shape(target_ids)[0]
     inputs = ops.concatenate([ops.full((batch, 1), BOS_ID, "int32"), target_ids[:, :-1]], axis=1)  # [batch, target_len]
     logits = ops.cast(model((ops.convert_to_tensor(source_ids, "int32"), inputs), training=False), "float32")
+    every = ops.logsumexp(logits, axis=-1)  # [batch, target_len]
     # Padding is never generated: a search's distribution leaves it out (the model's decode_step).
-    logits = ops.where(ops.arange(ops.shape(logits)[-1]) == PAD_ID, NEG_INF, logits)
-    log_probs = logits - ops.logsumexp(logits, axis=-1, keepdims=True)  # [batch, target_len, vocab]
+    log_normaliser = every + ops.log1p(-ops.exp(logits[..., PAD_ID] - every))  # [batch, target_len]
+    vocab, length = ops.shape(logits)[-1], ops.shape(target_ids)[1]
+    chosen = take_per_row(ops.reshape(logits, (-1, vocab)), ops.reshape(target_ids, (-1, 1)))  # [batch * target_len, 1]
     real = target_ids != PAD_ID  # [batch, target_len]
-    token = ops.take_along_axis(log_probs, target_ids[..., None], axis=-1)[..., 0]
-    token = ops.where(real, token, 0.0)  # [batch, target_len]
+    token = ops.where(real, ops.reshape(chosen, (batch, length)) - log_normaliser, 0.0)  # [batch, target_len]
     length = ops.sum(ops.cast(real, "int32"), axis=1)  # [batch]
     log_prob = ops.sum(token, axis=1)  # [batch]
     return ScoreResult(log_prob, log_prob / length_penalty(length, alpha), token, length)

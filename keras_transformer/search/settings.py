@@ -19,7 +19,7 @@ STOPPING_RULES = ("exact", "first_k")  # DecodingSettings.stopping
 class Option:
     """A decoding option: one row of `OPTIONS`, which gives `DecodingSettings` its field, the
     SavedModel's `options` signature its input (export/serving.py), `export.translate` and
-    `training.evaluate` their flags, and export/README.md its table (tests/test_options.py
+    `training.evaluate` their flags, and export/README.md its table (tests/test_served_options.py
     checks that table against this one).
 
     Args:
@@ -31,6 +31,9 @@ class Option:
         check: values -> bool, elementwise, for NumPy arrays and tensors alike; None: any value of
             the dtype.
         help: what it does, for flags and documents.
+        example: a value that turns it on, as a user would set it (CTranslate2's and fairseq's
+            documented examples; for "string", phrases): the warm-up requests and bench.options
+            use it.
         processor: `process(log_probs, step, value)` (keras_transformer/search/processors/), for an
             option that acts in the step's seam; None for one that the searches read themselves.
     """
@@ -41,6 +44,7 @@ class Option:
     valid: str
     check: object
     help: str
+    example: object
     processor: object = None
 
     def is_set(self, value):
@@ -59,25 +63,25 @@ class Option:
 
 OPTIONS = (
     Option("beam_size", "int32", 4, "at least 1, and at most the search's width (an export's beam size)",
-           lambda v: v >= 1, "hypotheses kept per sentence; 1 is greedy search"),
+           lambda v: v >= 1, "hypotheses kept per sentence; 1 is greedy search", 2),
     Option("alpha", "float32", 0.6, ">= 0", lambda v: v >= 0,
-           "the length penalty's exponent: a score is log P / ((5 + length) / 6) ** alpha"),
+           "the length penalty's exponent: a score is log P / ((5 + length) / 6) ** alpha", 1.0),
     Option("max_length_a", "float32", 1.0, ">= 0", lambda v: v >= 0,
-           "an output has at most a * (source length) + b tokens (fairseq's --max-len-a)"),
-    Option("max_length_b", "int32", 50, ">= 0", lambda v: v >= 0, "b of max_length_a (fairseq's --max-len-b)"),
+           "an output has at most a * (source length) + b tokens (fairseq's --max-len-a)", 1.2),
+    Option("max_length_b", "int32", 50, ">= 0", lambda v: v >= 0, "b of max_length_a (fairseq's --max-len-b)", 10),
     Option("min_length", "int32", 0, ">= 0", lambda v: v >= 0,
-           "no end of sentence before this many output tokens", min_length.process),
+           "no end of sentence before this many output tokens", 3, min_length.process),
     Option("no_repeat_ngram_size", "int32", 0, ">= 0", lambda v: v >= 0,
-           "no n-gram of this size twice in an output; 0: off", no_repeat_ngram.process),
+           "no n-gram of this size twice in an output; 0: off", 3, no_repeat_ngram.process),
     Option("repetition_penalty", "float32", 1.0, "> 0", lambda v: v > 0,
-           "a token output already has its log-probability multiplied by this; 1: off",
+           "a token output already has its log-probability multiplied by this; 1: off", 1.2,
            repetition_penalty.process),
-    Option("disable_unk", "bool", False, "true or false", None,
-           "never output the unknown token", disable_unk.process),
+    Option("disable_unk", "bool", False, "true or false", None, "never output the unknown token", True,
+           disable_unk.process),
     Option("suppress_sequences", "string", (), "token sequences", None,
-           "token sequences an output must not contain", suppress_sequences.process),
+           "token sequences an output must not contain", ("the", "a"), suppress_sequences.process),
     Option("max_input_length", "int32", 0, ">= 0", lambda v: v >= 0,
-           "a longer source (in tokens, the end of sentence included) is cut to this many; 0: the model's limit"),
+           "a longer source (in tokens, the end of sentence included) is cut to this many; 0: the model's limit", 20),
 )  # fmt: skip
 OPTION = {option.name: option for option in OPTIONS}
 

@@ -1,0 +1,92 @@
+"""What each decoding option costs when a request sets it, and what scoring costs against a search:
+one export in one process, the same requests in every mode of a round, the order reversed every
+other round, each mode's sentences per second as a ratio to `serving_default`'s in that round.
+
+    python -m bench.options --sentences FILE EXPORT/1 [--batch 32] [--rounds 6] [--limit 320]
+    python -m bench.options --smoke            # seconds: the smoke export
+
+Modes: `serving_default`; the `options` signature with no option set (the export's values), with
+each option of keras_transformer.search.OPTIONS set alone to its example value, and with all of
+them; `score` of `serving_default`'s own
+translations (one forward pass, against the search that made them). FILE as bench.compare_exports
+reads it. One JSON line per round, then one per mode: the median, lowest and highest of its
+ratios, and the share of its translations equal to `serving_default`'s.
+"""
+
+import argparse
+import statistics
+import time
+
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
+
+from bench.common import emit  # noqa: E402
+from bench.compare_exports import add_request_flags, read_sources, run_smoke  # noqa: E402
+from keras_transformer.search import OPTIONS  # noqa: E402
+
+def modes(loaded, tf):
+    """name -> function(request text) -> the strings it returns (None for `score`)."""
+    found = {"serving_default": lambda text: loaded.translate(text)["translation"],
+             "options, none set": lambda text: loaded.options(text)["translation"]}  # fmt: skip
+    examples = {option.name: tf.constant([option.example]) for option in OPTIONS}  # one value for every sentence
+    for name, value in examples.items():
+        found[f"options, {name}"] = lambda text, given={name: value}: loaded.options(text, **given)["translation"]
+    found["options, all set"] = lambda text: loaded.options(text, **examples)["translation"]
+    return found
+
+
+def measure(export_dir, sources, batch, rounds):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
+
+    from bench.serving import replay_warmup_requests
+    from export.serving import use_serving_threads
+
+    use_serving_threads()
+    loaded = tf.saved_model.load(export_dir)
+    replay_warmup_requests(export_dir, loaded)
+    requests = [tf.constant(sources[i : i + batch]) for i in range(0, len(sources), batch)]
+    calls = modes(loaded, tf)
+    outputs = {name: [call(request).numpy() for request in requests] for name, call in calls.items()}
+    targets = [tf.constant(output) for output in outputs["serving_default"]]
+    calls["score"] = lambda request, targets=dict(zip(map(id, requests), targets)): loaded.score(request, targets[id(request)])["score"]
+    calls["score"](requests[0])  # traced once, as the others were above
+    same = {name: sum(int((a == b).sum()) for a, b in zip(outputs["serving_default"], output)) / len(sources)
+            for name, output in outputs.items()}  # fmt: skip
+    names = list(calls)
+    ratios = {name: [] for name in names}
+    for round_ in range(rounds):
+        speeds = {}
+        for name in names if round_ % 2 == 0 else reversed(names):
+            start = time.perf_counter()
+            for request in requests:
+                calls[name](request)
+            speeds[name] = len(sources) / (time.perf_counter() - start)
+        for name in names:
+            ratios[name].append(speeds[name] / speeds["serving_default"])
+        emit({"benchmark": "options", "round": round_, "batch": batch, "sentences": len(sources),
+              "sentences_per_s_each": {name: round(speed, 1) for name, speed in speeds.items()}})  # fmt: skip
+    for name in names[1:]:
+        emit({"benchmark": "options_summary", "mode": name, "batch": batch, "rounds": rounds,
+              "median_ratio": round(statistics.median(ratios[name]), 3), "min_ratio": round(min(ratios[name]), 3),
+              "max_ratio": round(max(ratios[name]), 3),
+              **({"same_translations": round(same[name], 4)} if name in same else {})})  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("export", nargs="?", help="a SavedModel version folder")
+    add_request_flags(parser, rounds=6)
+    args = parser.parse_args()
+    if args.smoke:
+        run_smoke("bench.options", lambda exported: [exported])
+        return
+    if not args.export or not args.sentences:
+        parser.error("an export and --sentences are needed (or --smoke)")
+    sources, _ = read_sources(args.sentences, args.limit)
+    measure(args.export, sources, args.batch, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
