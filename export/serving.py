@@ -226,7 +226,7 @@ class Translator(tf.Module):
             checks += self._checks(option, value)
             options[option.name] = self._suppressed(value) if option.dtype == "string" else value
         with tf.control_dependencies(checks):
-            source_ids, was_cut = cut(source_ids, options["max_input_length"])
+            source_ids, was_cut = cut(source_ids, options.pop("max_input_length"))  # cut here, not again per slice
             result = self._search_with_options(source_ids, options)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores, "cut": was_cut | too_long}
 
@@ -272,7 +272,7 @@ class Translator(tf.Module):
         names = list(options)
 
         def search(ids, *values):
-            settings = dataclasses.replace(self.settings, **dict(zip(names, values)))
+            settings = dataclasses.replace(self.settings, max_input_length=0, **dict(zip(names, values)))
             return decode(self.model, ids, settings, SERVED_EXECUTION, width=self.settings.beam_size,
                           max_length=self.longest_output)  # fmt: skip
 

@@ -18,6 +18,7 @@ from keras import ops
 from keras_transformer.common import BOS_ID, EOS_ID, take_per_row
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import one_output_search
+from keras_transformer.search.processors import one_value
 from keras_transformer.search.settings import OPTIONS, SearchResult, settings_with
 from keras_transformer.search.top_k import token_log_probs
 
@@ -94,7 +95,7 @@ def sample_search(model, source_ids, seed, settings=None, *, num_samples=1, temp
     if target_prefix is not None:
         target_prefix = ops.repeat(ops.convert_to_tensor(target_prefix, "int32"), num_samples, axis=0)
     repeated = {option.name: ops.repeat(ops.convert_to_tensor(getattr(settings, option.name)), num_samples, axis=0)
-                for option in OPTIONS if not isinstance(getattr(settings, option.name), (bool, int, float, str, tuple))}  # fmt: skip
+                for option in OPTIONS if not one_value(getattr(settings, option.name))}  # fmt: skip
     result = one_output_search(model, ops.repeat(source_ids, num_samples, axis=0), draw,
                                dataclasses.replace(settings, **repeated), max_length=max_length, execution=execution,
                                target_prefix=target_prefix, bos_id=bos_id, eos_id=eos_id)  # fmt: skip

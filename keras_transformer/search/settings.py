@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 from keras import ops
 
-from keras_transformer.search.processors import (disable_unk, min_length, no_repeat_ngram, repetition_penalty,
-                                                 suppress_sequences)  # fmt: skip
+from keras_transformer.search.processors import (disable_unk, min_length, no_repeat_ngram, one_value,
+                                                 repetition_penalty, suppress_sequences)  # fmt: skip
 
 
 STOPPING_RULES = ("exact", "first_k")  # DecodingSettings.stopping
@@ -49,7 +49,7 @@ class Option:
 
     def is_set(self, value):
         """Whether `value` (a Python value, or one per sentence) may differ from the default."""
-        return not isinstance(value, (bool, int, float, str, tuple)) or value != self.default
+        return not one_value(value) or value != self.default
 
     def check_value(self, value):
         """Raises ValueError naming the option unless each of `value`'s numbers is valid;

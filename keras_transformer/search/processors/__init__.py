@@ -70,10 +70,15 @@ class Processing:
         return values, ops.cast(tokens, "int32")
 
 
+def one_value(value):
+    """Whether an option's value is one Python value for every sentence (not one per sentence)."""
+    return isinstance(value, (bool, int, float, str, tuple))
+
+
 def _typed(value, option):
     """Per-sentence values as a tensor of the option's dtype (token ids for "string"); a Python
     value as is."""
-    if isinstance(value, (bool, int, float, str, tuple)):
+    if one_value(value):
         return value
     return ops.convert_to_tensor(value, "int32" if option.dtype == "string" else option.dtype)
 
@@ -87,7 +92,7 @@ def log_softmax(logits):
 
 def per_row(value, sentence):
     """A per-sentence value `[batch, ...]` taken for each row's `sentence`; a Python value as is."""
-    if isinstance(value, (bool, int, float, str, tuple)):
+    if one_value(value):
         return value
     return ops.take(value, sentence, axis=0)
 
