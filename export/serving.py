@@ -234,9 +234,8 @@ class Translator(tf.Module):
         source_ids = self._source_ids(text)
         target_ids = self._source_ids(_per_sentence(target, TARGET_SPEC, text))  # its pieces and the end of sentence
         alpha = _per_sentence(alpha, ALPHA_SPEC, text, broadcast=True)
-        def scored(source_ids, target_ids, alpha):  # a slice's, trimmed to its own longest target
-            length = tf.reduce_max(tf.concat([tf.reduce_sum(tf.cast(target_ids != PAD_ID, tf.int32), axis=1), [1]], 0))
-            return score_translations(self.model, source_ids, target_ids[:, :length], alpha)
+        def scored(source_ids, target_ids, alpha):  # a slice's, trimmed to its own longest source and target
+            return score_translations(self.model, _trimmed(source_ids), _trimmed(target_ids), alpha)
 
         specs = [IDS_SPEC, IDS_SPEC, tf.TensorSpec([None], tf.float32)]
         with tf.control_dependencies(self._checks(OPTION["alpha"], alpha)):
@@ -387,6 +386,11 @@ def in_parallel(search, batched, searches, shared=()):
     cuts = [batch * i // searches for i in range(searches + 1)]
     results = [search(*(value[start:end] for value in batched), *shared) for start, end in zip(cuts, cuts[1:])]
     return type(results[0])(*(_concatenate(parts) for parts in zip(*results)))
+
+
+def _trimmed(ids):
+    """`ids` `[batch, length]` without the columns that are padding in every row (at least one)."""
+    return ids[:, : tf.reduce_max(tf.concat([tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=1), [1]], 0))]
 
 
 def _concatenate(parts):

@@ -93,9 +93,21 @@ class Transformer(keras.Model):
 
     def decode(self, target_input_ids, encoder_output, source_mask, training=None):
         """Target input ids `[batch, target_len]` -> float32 logits `[batch, target_len, vocab]`."""
+        return self.embedding.logits(self.decoder_states(target_input_ids, encoder_output, source_mask, training))
+
+    def decoder_states(self, target_input_ids, encoder_output, source_mask, training=None):
+        """Target input ids `[batch, target_len]` -> the decoder's output `[batch, target_len,
+        d_model]`, before the logits."""
         x = self.positional_encoding(self.embedding(target_input_ids))
-        x = self.decoder(x, encoder_output, source_mask, training=training)
-        return self.embedding.logits(x)
+        return self.decoder(x, encoder_output, source_mask, training=training)
+
+    def logits_projection(self, dtype):
+        """(`E^T` `[d_model, vocab]` in `dtype`, float32 bias `[vocab]`): `matmul(x, E^T) + bias`
+        are the logits of the decoder's output `x`, with `NEG_INF` at padding, which is never
+        generated (`DecodingCache`'s `logits_kernel` and `logits_bias`)."""
+        vocab = self.config.vocab_size
+        return (ops.transpose(ops.cast(self.embedding.embeddings, dtype)),
+                ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, ops.zeros((vocab,), "float32")))  # fmt: skip
 
     def cross_attention_weights(self, source_ids, target_input_ids):
         """Encoder-decoder attention weights of every decoder layer (for plots, section 3.2.3).
@@ -115,11 +127,9 @@ class Transformer(keras.Model):
         `max_length` they are preallocated for that many positions instead, so that their shapes
         stay fixed (XLA, TPUs). `shared_slots`: a sentence's hypotheses keep their keys and
         values in slots of one row (keras_transformer/cache.py)."""
-        vocab = self.config.vocab_size
         return DecodingCache(
-            decoder=self.decoder.init_cache(encoder_output, source_mask, hypotheses, max_length, shared_slots),
-            logits_kernel=ops.transpose(ops.cast(self.embedding.embeddings, encoder_output.dtype)),
-            logits_bias=ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, ops.zeros((vocab,), "float32")),
+            self.decoder.init_cache(encoder_output, source_mask, hypotheses, max_length, shared_slots),
+            *self.logits_projection(encoder_output.dtype),
         )
 
     def reorder_cache(self, cache, parents, sentences=None):

@@ -12,7 +12,8 @@
                                            (.weights.h5 beside its config .json), compiled for the
                                            backend, on source ids, and both with a target prefix
                                            (`PREFIX`), and sampling (`SAMPLING`), and each with
-                                           per-sentence options (`processed_options`); prints
+                                           per-sentence options (`processed_options`), and the
+                                           scores of the sources as targets (`scored`); prints
                                            JSON tokens and scores
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
@@ -38,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import TransformerConfig
-from keras_transformer.search import DecodingSettings, sample_search
+from keras_transformer.search import DecodingSettings, sample_search, score
 from keras_transformer.search import decode as decode_with
 from training import backends, data, evaluate, shards
 from training.run_folder import RunFolder
@@ -119,6 +120,7 @@ def decode(weights_path, sources_path):
             return sample_search(model, ids, np.arange(len(sources)), execution=execution, **SAMPLING, **options)
 
         yield "sample options", evaluate.compile_for_backend(model, sampled_with_options), (sources,)
+        yield "score", evaluate.compile_for_backend(model, lambda *arrays: scored(model, *arrays)), (sources, sources)
 
     result = {}
     for name, search, inputs in searches():
@@ -144,6 +146,13 @@ def processed_options(batch, width):
         disable_unk=np.resize(np.array([True, False]), batch),
         suppress_sequences=np.resize(np.array([[[5, 0], [6, 7]], [[0, 0], [0, 0]]], "int32"), (batch, 2, 2)),
     )
+
+
+def scored(model, source_ids, target_ids, execution):
+    """`decode`'s "score": (lengths, per-token log-probabilities) of `target_ids`, their logits
+    made 5 rows at a time (several blocks, the last part padding)."""
+    result = score(model, source_ids, target_ids, rows_at_once=5)
+    return result.length, result.token_log_probs
 
 
 def translate(run_dir, sources_json):

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.search import Execution, beam_search, greedy_search, length_penalty, sample_search
+from keras_transformer.search import OPTION, Execution, beam_search, greedy_search, length_penalty, sample_search
 from keras_transformer.search.input_length import cut
 from search_helpers import _model, _never_ends, _nonzero_lengths, _sources
 
@@ -191,20 +191,33 @@ def test_options_that_differ_per_sentence_give_each_sentence_what_it_gets_alone(
     assert len({tuple(row) for row in np.asarray(batched.tokens)}) == len(sources)
 
 
+def test_per_sentence_values_that_turn_nothing_on_change_nothing(rng):
+    """As the `options` signature passes a request that sets no option: every processor's value a
+    tensor, each step's `cond` skipping it."""
+    model = _model(30, seed=23)
+    sources = _sources(rng, [5, 3, 6, 2], 30)
+    off = {name: np.zeros_like(values) for name, values in _per_sentence_options(len(sources)).items()
+           if OPTION[name].processor is not None}  # fmt: skip
+    off["repetition_penalty"] += 1.0
+    result = tf.function(lambda s: beam_search(model, s, width=4, max_length_b=5, **off))(sources)
+    plain = beam_search(model, sources, max_length_b=5)
+    np.testing.assert_array_equal(result.tokens, plain.tokens)
+    np.testing.assert_allclose(result.scores, plain.scores, rtol=1e-5)
+
+
 @pytest.mark.parametrize("search", [greedy_search, functools.partial(beam_search, width=4)], ids=["greedy", "beam"])
-def test_xla_and_the_graph_process_as_eager_does(search, rng):
+@pytest.mark.parametrize("xla", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["graph", "XLA"])
+def test_xla_and_the_graph_process_as_eager_does(search, xla, rng):
     model = _model(30, seed=24)
     sources = _sources(rng, [5, 3, 6, 2, 4, 7], 30)
     options = _per_sentence_options(len(sources))
     if search is greedy_search:
         del options["beam_size"]
     eager = search(model, sources, max_length_b=5, **options)
-    graph = tf.function(lambda s: search(model, s, max_length_b=5, **options))(sources)
-    xla = tf.function(lambda s: search(model, s, max_length_b=5, execution=Execution.choose(compiled=True), **options),
-                      jit_compile=True)(sources)  # fmt: skip
-    for result in (graph, xla):
-        np.testing.assert_array_equal(result.tokens, eager.tokens)
-        np.testing.assert_allclose(result.scores, eager.scores, rtol=1e-5)
+    result = tf.function(lambda s: search(model, s, max_length_b=5, execution=Execution.choose(compiled=xla), **options),
+                         jit_compile=xla)(sources)  # fmt: skip
+    np.testing.assert_array_equal(result.tokens, eager.tokens)
+    np.testing.assert_allclose(result.scores, eager.scores, rtol=1e-5)
     plain = search(model, sources, max_length_b=5)
     assert not np.array_equal(plain.tokens, eager.tokens)
 

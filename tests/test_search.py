@@ -105,17 +105,26 @@ EXECUTIONS = [
 ]
 
 
-@pytest.mark.parametrize("execution", EXECUTIONS, ids=str)
-def test_every_execution_gives_the_same_translations(execution, rng):
-    # 512 tokens, split into chunks by the chunked top-k kernels; hypotheses end at various steps.
+@pytest.fixture(scope="module")
+def every_execution_case():
+    """A model whose hypotheses end at various steps over 512 tokens (split into chunks by the
+    chunked top-k kernels), sources, and its beam (4 outputs each) and greedy translations with
+    sort as the top-k kernel: (model, sources, beam, greedy)."""
     def eos_logit(index, source_length, slot):
         return 6.0 * tf.sin(3.0 * source_length + 1.7 * slot + 2.0 * tf.cast(index, tf.float32))
 
     model = _EosLogit(_model(512, seed=8), eos_logit)
-    sources = _sources(rng, [5, 2, 7, 3], 512)
-    reference = tf.function(lambda s: beam_search(model, s, max_length_b=5, num_hypotheses=4,
-                                                  execution=Execution(top_k="sort")))(sources)  # fmt: skip
-    assert len(set(_nonzero_lengths(reference.tokens[:, 0]))) > 1
+    sources = _sources(np.random.default_rng(0), [5, 2, 7, 3], 512)
+    beam = tf.function(lambda s: beam_search(model, s, max_length_b=5, num_hypotheses=4,
+                                             execution=Execution(top_k="sort")))(sources)  # fmt: skip
+    assert len(set(_nonzero_lengths(beam.tokens[:, 0]))) > 1
+    greedy = tf.function(lambda s: greedy_search(model, s, max_length_b=5, execution=Execution(top_k="sort")))(sources)
+    return model, sources, beam, greedy
+
+
+@pytest.mark.parametrize("execution", EXECUTIONS, ids=str)
+def test_every_execution_gives_the_same_translations(execution, every_execution_case):
+    model, sources, reference, expected = every_execution_case
     graphs = {"graph": tf.function(lambda s: beam_search(model, s, max_length_b=5, num_hypotheses=4, execution=execution))}
     if execution.cache == "static":
         graphs["XLA"] = tf.function(graphs["graph"].python_function, jit_compile=True)
@@ -123,8 +132,7 @@ def test_every_execution_gives_the_same_translations(execution, rng):
         result = graph(sources)
         np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=name)
         np.testing.assert_allclose(result.scores, reference.scores, rtol=1e-5, err_msg=name)
-    expected, result = (tf.function(lambda s: greedy_search(model, s, max_length_b=5, execution=e))(sources)
-                        for e in (Execution(top_k="sort"), execution))  # fmt: skip
+    result = tf.function(lambda s: greedy_search(model, s, max_length_b=5, execution=execution))(sources)
     np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg="greedy")
     np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg="greedy")
 
@@ -531,15 +539,16 @@ def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(r
             np.testing.assert_allclose(np.asarray(result.scores)[same], np.asarray(float32[beam].scores)[same], atol=0.05)
 
 
+@pytest.mark.slow
 def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     """Greedy and beam 4, each also with a target prefix and with per-sentence options, and
-    sampling, also with options, compiled for each backend
+    sampling, also with options, and scoring given targets, compiled for each backend
     as `training.evaluate` compiles them (TensorFlow: XLA; JAX: jax.jit), on the same weights and
     sources: the same tokens (the random numbers too). JAX's searches ran once, in a process of
     their own (tests/artifacts.py: tests/backend_worker.py decode)."""
     import json
 
-    from backend_worker import PREFIX, SAMPLING, processed_options
+    from backend_worker import PREFIX, SAMPLING, processed_options, scored
     from keras_transformer.search import DecodingSettings, decode, sample_search
     from training.evaluate import compile_for_backend, compile_search
 
@@ -560,6 +569,7 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
     options = {name: value for name, value in processed_options(len(sources), 1).items() if name != "beam_size"}
     under_tensorflow["sample options"] = compile_for_backend(model, lambda ids, execution: sample_search(
         model, ids, np.arange(len(sources)), execution=execution, **SAMPLING, **options))(sources)  # fmt: skip
+    under_tensorflow["score"] = compile_for_backend(model, lambda *arrays: scored(model, *arrays))(sources, sources)
     assert sorted(under_jax) == sorted(under_tensorflow)
     for name, (tokens, scores) in under_tensorflow.items():
         jax_tokens, jax_scores = under_jax[name]

@@ -31,6 +31,8 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
             sources[row, :length] = rng.integers(4, 30, size=length)
         expected = one(sources)
         for name, graph in graphs.items():
+            if batch == 0 and "static" in name:  # a static batch is never empty
+                continue
             result = graph(sources)
             assert result.tokens.shape == expected.tokens.shape, name
             np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg=name)

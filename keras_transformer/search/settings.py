@@ -51,6 +51,10 @@ class Option:
         """Whether `value` (a Python value, or one per sentence) may differ from the default."""
         return not one_value(value) or value != self.default
 
+    def sets_any(self, values):
+        """Whether any of per-sentence `values` (a tensor) turns the option on: a scalar bool."""
+        return ops.any(values != (0 if self.dtype == "string" else self.default))
+
     def check_value(self, value):
         """Raises ValueError naming the option unless each of `value`'s numbers is valid;
         symbolic tensors pass (the SavedModel checks them in its graph)."""

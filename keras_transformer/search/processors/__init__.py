@@ -43,21 +43,27 @@ class Processing:
     def __init__(self, settings, target_prefix=None):
         from keras_transformer.search.settings import OPTIONS
 
-        self.processors = [(option.processor, _typed(getattr(settings, option.name), option)) for option in OPTIONS
+        self.processors = [(option, _typed(getattr(settings, option.name), option)) for option in OPTIONS
                            if option.processor is not None and option.is_set(getattr(settings, option.name))]  # fmt: skip
-        if target_prefix is not None:
-            self.processors.append((prefix.process, ops.convert_to_tensor(target_prefix, "int32")))
+        self.target_prefix = None if target_prefix is None else ops.convert_to_tensor(target_prefix, "int32")
 
     def __bool__(self):
-        return bool(self.processors)
+        return bool(self.processors) or self.target_prefix is not None
 
     def __call__(self, logits, step):
         """The log-probabilities `[rows, vocab]` the selection reads: log-softmax of `logits`
         `[rows, vocab]`, through each processor. `step`: a `Step` without `model_log_probs`."""
         step = step._replace(model_log_probs=log_softmax(logits))
         log_probs = step.model_log_probs
-        for process, value in self.processors:
-            log_probs = process(log_probs, step, per_row(value, step.sentence))
+        for option, value in self.processors:
+            value = per_row(value, step.sentence)
+            if one_value(value):
+                log_probs = option.processor(log_probs, step, value)
+            else:  # per-sentence values (a served request's): skipped at a step where no row sets them
+                log_probs = ops.cond(option.sets_any(value), lambda o=option, v=value, p=log_probs: o.processor(p, step, v),
+                                     lambda p=log_probs: p)  # fmt: skip
+        if self.target_prefix is not None:
+            log_probs = prefix.process(log_probs, step, per_row(self.target_prefix, step.sentence))
         return log_probs
 
     def best_tokens(self, logits, n, kernel, step):
