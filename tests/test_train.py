@@ -1,3 +1,4 @@
+import json
 
 import numpy as np
 import pytest
@@ -150,3 +151,14 @@ def test_schedule_smoothing_and_model_flags_reach_the_optimizer_the_loss_and_the
     np.testing.assert_allclose(float(optimizer.learning_rate), expected, rtol=1e-6)
     assert int(optimizer.iterations) == 3
     assert smoothings and set(smoothings) == {0.25}
+
+
+def test_metrics_updates_on_a_filesystem_that_is_not_posix_keep_the_earlier_values():
+    """ram:// stands in for a bucket, where os.path sees no file: each command's update of
+    metrics.json (training.train, training.evaluate, training.average_checkpoints) adds to it."""
+    path = "ram://runs/metrics-kept"
+    RunFolder(path).update_metrics({"bleu": 40.1, "steps": 8})
+    RunFolder(path).update_metrics({"averaged_checkpoints": ["ckpt-4", "ckpt-8"]})
+    RunFolder(path).update_metrics({"bleu": 40.5})
+    with tf.io.gfile.GFile(RunFolder(path).metrics_path) as f:
+        assert json.load(f) == {"bleu": 40.5, "steps": 8, "averaged_checkpoints": ["ckpt-4", "ckpt-8"]}

@@ -211,6 +211,7 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     import tensorflow as tf
 
     from export.saved_model import export
+    from training import evaluate, learning_curve
     from training.average_checkpoints import average_checkpoints
     from training.evaluate import make_translator
     from training.run_folder import RunFolder
@@ -219,7 +220,8 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     data = tmp_path / "data"
     data.mkdir()
     for side, lang in enumerate(("en", "de")):
-        (data / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in synthetic_corpus.text_pairs("train", 600)))
+        for split, count in (("train", 600), ("dev", 4), ("test", 4)):
+            (data / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in synthetic_corpus.text_pairs(split, count)))
     flags = [*MECHANICS, "--dataset", str(data), "--source-lang", "en", "--target-lang", "de", "--checkpoint-every", "4",
              "--no-evaluate"]  # fmt: skip
     run_dir, local_dir = "ram://runs/remote", str(tmp_path / "local")
@@ -234,6 +236,14 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
 
     saved, _ = average_checkpoints(run_dir, last=2)
     assert saved == f"{run_dir}/averaged/ckpt-8.weights.h5" and run.latest_checkpoint() == saved
+    for split in ("dev", "test"):
+        evaluate.main(["--run-dir", run_dir, "--split", split, "--beam-size", "1", "--max-length-b", "4"])
+        assert len(tf.io.gfile.GFile(run.translations_path(split)).read().splitlines()) == 4
+    assert learning_curve.plot(run_dir) == run.learning_curve_path and tf.io.gfile.exists(run.learning_curve_path)
+    metrics = json.loads(tf.io.gfile.GFile(run.metrics_path).read())  # every writer's values, each kept
+    assert metrics["steps"] == 8 and "train_seconds" in metrics  # training.train
+    assert metrics["averaged_checkpoints"] == ["ckpt-4", "ckpt-8"]  # training.average_checkpoints
+    assert {"bleu", "chrf", "dev_bleu", "dev_chrf"} <= set(metrics)  # training.evaluate on each split
     served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports")))
     assert not os.path.exists("ram:") and not os.path.exists(os.path.join(ROOT, "ram:"))  # nothing went to a local "ram:" folder
 

@@ -16,7 +16,7 @@ quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer import Transformer  # noqa: E402
-from training.run_folder import RunFolder, load_weights, written_locally  # noqa: E402
+from training.run_folder import RunFolder, checkpoint_name, load_weights, written_locally  # noqa: E402
 
 
 def average_checkpoints(run_dir, last=5):
@@ -33,12 +33,12 @@ def average_checkpoints(run_dir, last=5):
         total = weights if total is None else [t + w for t, w in zip(total, weights)]
     model.set_weights([t / len(checkpoints) for t in total])
     steps = [step for step, _ in checkpoints]
-    name = f"ckpt-{steps[-1]}.weights.h5"
+    name = checkpoint_name(steps[-1]) + ".weights.h5"
     tf.io.gfile.makedirs(run.averaged_dir)
     saved = os.path.join(run.averaged_dir, name)
     with written_locally(saved) as local:
         model.save_weights(local)
-    run.write_json(os.path.join(run.averaged_dir, "averaged.json"), {"file": name, "steps": steps})
+    run.write_json(run.averaged_record_path, {"file": name, "steps": steps})
     for old in tf.io.gfile.listdir(run.averaged_dir):  # after the record names the new file
         if old.endswith(".weights.h5") and old != name:
             tf.io.gfile.remove(os.path.join(run.averaged_dir, old))

@@ -7,7 +7,6 @@ Writes the figures into `DIR/metrics.json` (the test split's as they are, the de
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -180,7 +179,7 @@ def main(argv=None):
             args.split,
             decoding_settings(args, tokenizer),
             limit=args.limit,
-            output_path=os.path.join(args.run_dir, f"translations.{args.split}.txt"),
+            output_path=run.translations_path(args.split),
         )
     except ValueError as error:
         sys.exit(f"error: {error}")

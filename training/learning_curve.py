@@ -18,6 +18,8 @@ quiet_tensorflow()
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from training.run_folder import RunFolder  # noqa: E402
+
 
 def read_scalars(log_dir):
     """`{tag: {step: value}}` from the event files under `log_dir` (one writer's folder); where
@@ -34,13 +36,14 @@ def read_scalars(log_dir):
 
 def curve(run_dir):
     """The points of the curve: `(loss_minutes, loss, bleu_minutes, bleu)`, numpy arrays."""
-    train = read_scalars(os.path.join(run_dir, "logs", "train"))
+    logs = RunFolder(run_dir).log_dir
+    train = read_scalars(os.path.join(logs, "train"))
     if "training_minutes" not in train:
-        raise ValueError(f"{run_dir}/logs/train has no training_minutes: is {run_dir} a run folder of training.train?")
+        raise ValueError(f"{logs}/train has no training_minutes: is {run_dir} a run folder of training.train?")
     steps = np.array(sorted(train["training_minutes"]))
     minutes = np.array([train["training_minutes"][step] for step in steps])
     loss = np.array([train["loss"][step] for step in steps])
-    dev = read_scalars(os.path.join(run_dir, "logs", "dev")).get("bleu", {})
+    dev = read_scalars(os.path.join(logs, "dev")).get("bleu", {})
     dev_steps = np.array(sorted(dev), dtype=float)
     bleu = np.array([dev[step] for step in sorted(dev)])
     return minutes, loss, np.interp(dev_steps, steps, minutes), bleu
@@ -64,7 +67,7 @@ def plot(run_dir, output_path=None, title=None):
     loss_axis.set_title(title or os.path.basename(str(run_dir).rstrip("/")))
     loss_axis.grid(alpha=0.3)
     figure.tight_layout()
-    output_path = output_path or os.path.join(run_dir, "learning_curve.png")
+    output_path = output_path or RunFolder(run_dir).learning_curve_path
     with tf.io.gfile.GFile(output_path, "wb") as f:
         figure.savefig(f, format="png")
     pyplot.close(figure)

@@ -17,7 +17,15 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
     DIR/averaged/            ckpt-STEP.weights.h5, the average of the last checkpoints, and
                              averaged.json, the steps it averages (training.average_checkpoints)
     DIR/logs/                TensorBoard: train/ and dev/
-    DIR/metrics.json         test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
+    DIR/metrics.json         what each command measured, each update kept beside the earlier
+                             ones: test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
+                             (training.train), dev_* (training.evaluate --split dev), the
+                             checkpoints averaged (training.average_checkpoints)
+    DIR/translations.SPLIT.txt   the last translations of SPLIT (test or dev), one a line
+                             (training.train's test evaluation, training.evaluate)
+    DIR/learning_curve.png   loss and dev BLEU against training minutes (training.learning_curve)
+
+A checkpoint's file or folder is named `checkpoint_name(step)`; `step_of` reads the step back.
 """
 
 import contextlib
@@ -52,6 +60,11 @@ class RunFolder:
         self.averaged_dir = os.path.join(path, "averaged")
         self.log_dir = os.path.join(path, "logs")
         self.metrics_path = os.path.join(path, "metrics.json")
+        self.averaged_record_path = os.path.join(self.averaged_dir, "averaged.json")
+        self.learning_curve_path = os.path.join(path, "learning_curve.png")
+
+    def translations_path(self, split):
+        return os.path.join(self.path, f"translations.{split}.txt")
 
     def _read_json(self, path):
         if not tf.io.gfile.exists(path):
@@ -124,13 +137,13 @@ class RunFolder:
         found = []
         state = tf.train.get_checkpoint_state(self.checkpoint_dir)
         if state:  # TensorFlow: the CheckpointManager's list of file prefixes
-            found += [(_step_of(path), path) for path in state.all_model_checkpoint_paths]
+            found += [(step_of(path), path) for path in state.all_model_checkpoint_paths]
         names = tf.io.gfile.listdir(self.checkpoint_dir) if tf.io.gfile.isdir(self.checkpoint_dir) else []
         for name in names:  # JAX: folders, complete once their state.json is written
             name = name.rstrip("/")
             path = os.path.join(self.checkpoint_dir, name)
             if re.fullmatch(r"ckpt-\d+", name) and tf.io.gfile.exists(os.path.join(path, "state.json")):
-                found.append((_step_of(name), path))
+                found.append((step_of(name), path))
         return sorted(found)
 
     def worker_checkpoint_dir(self, worker):
@@ -144,10 +157,9 @@ class RunFolder:
 
     def averaged(self):
         """(path, the steps it averages) of the averaged checkpoint, or None."""
-        path = os.path.join(self.averaged_dir, "averaged.json")
-        if not tf.io.gfile.exists(path):
+        if not tf.io.gfile.exists(self.averaged_record_path):
             return None
-        record = self._read_json(path)
+        record = self._read_json(self.averaged_record_path)
         return os.path.join(self.averaged_dir, record["file"]), record["steps"]
 
     def latest_checkpoint(self):
@@ -173,7 +185,8 @@ class RunFolder:
         return model, checkpoint
 
     def update_metrics(self, values):
-        metrics = self._read_json(self.metrics_path) if os.path.exists(self.metrics_path) else {}
+        """metrics.json with `values` added, the values there kept (those of the same name replaced)."""
+        metrics = self._read_json(self.metrics_path) if tf.io.gfile.exists(self.metrics_path) else {}
         self.write_json(self.metrics_path, {**metrics, **values})
 
 
@@ -182,7 +195,14 @@ def _differences(old, new, names=None):
     return [(name, old.get(name), new.get(name)) for name in names if old.get(name) != new.get(name)]
 
 
-def _step_of(path):
+def checkpoint_name(step):
+    """A checkpoint's name in `checkpoints/` (TensorFlow: a file prefix; JAX: a folder) or, with
+    `.weights.h5`, in `averaged/`."""
+    return f"ckpt-{step}"
+
+
+def step_of(path):
+    """The step of a checkpoint's path (any of `checkpoint_name`'s forms)."""
     return int(re.search(r"ckpt-(\d+)", os.path.basename(path)).group(1))
 
 

@@ -229,7 +229,7 @@ def train(args, strategy=None):
     if not args.no_evaluate:
         if corpus.text_pairs("dev", 1):
             metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
-        output_path = os.path.join(run.path, "translations.test.txt") if backend.is_chief else None
+        output_path = run.translations_path("test") if backend.is_chief else None
         metrics.update(evaluate.evaluate(model, tokenizer, corpus, "test", decoding, output_path=output_path))
         metrics["checkpoint"] = run.checkpoints()[-1][1]
         say(f"Test BLEU {metrics['bleu']} (chrF {metrics['chrf']}) on {metrics['sentences']} sentences; {metrics['signature']}")

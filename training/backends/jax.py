@@ -39,7 +39,7 @@ import tensorflow as tf
 from keras_transformer import Transformer
 from training.backends import Backend
 from training.loss import smoothed_cross_entropy
-from training.run_folder import load_weights, local_copy, remove_tree, written_locally
+from training.run_folder import checkpoint_name, load_weights, local_copy, remove_tree, written_locally
 
 # The batch fields the step reads (`dropped_pairs` is read on the host).
 STEP_INPUTS = ("source", "target_input", "target_output")
@@ -215,7 +215,7 @@ class JaxBackend(Backend):
 
     def save(self, step, train_seconds):
         run = self.run
-        folder = os.path.join(run.checkpoint_dir, f"ckpt-{step}")
+        folder = os.path.join(run.checkpoint_dir, checkpoint_name(step))
         if self.is_chief:  # the one process that writes the replicated state copies it to the host
             self.sync_model()
             remove_tree(folder)  # the same step saved again (a rerun): it is complete only at the end

@@ -16,6 +16,7 @@ from keras_transformer import PAD_ID, Transformer
 from training import strategy as strategies
 from training.backends import Backend
 from training.loss import smoothed_cross_entropy
+from training.run_folder import checkpoint_name, step_of
 
 
 class TensorFlowBackend(Backend):
@@ -88,7 +89,7 @@ class TensorFlowBackend(Backend):
         common = set.intersection(*saved)
         if not common:
             return None, 0.0
-        latest = os.path.join(folders[self.process_index], f"ckpt-{max(common)}")
+        latest = os.path.join(folders[self.process_index], checkpoint_name(max(common)))
         checkpoint.restore(latest).assert_consumed()
         return latest, float(self.train_seconds)
 
@@ -99,7 +100,7 @@ class TensorFlowBackend(Backend):
 
 def _saved_steps(folder):
     state = tf.train.get_checkpoint_state(folder)
-    return {int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths} if state else set()
+    return {step_of(path) for path in state.all_model_checkpoint_paths} if state else set()
 
 
 class Trainer:
