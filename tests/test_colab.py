@@ -1,7 +1,6 @@
 """The Colab notebook: valid, committed without outputs, and executed top to bottom in smoke mode."""
 
 import ast
-import json
 import os
 import subprocess
 import sys
@@ -66,8 +65,9 @@ def test_the_notebook_runs_top_to_bottom_on_jax_in_smoke_mode(tmp_path):
     served = [line for line in text.splitlines() if line.startswith("SavedModel: ")]
     assert len(served) == 2 and all(" -> " in line for line in served)
     run_dir = os.path.dirname(plot)
-    with open(os.path.join(run_dir, "training.json")) as f:
-        assert json.load(f)["backend"] == "jax"
+    from training.run_folder import RunFolder
+
+    assert RunFolder(run_dir).settings()["backend"] == "jax"
 
 
 def test_without_a_tpu_the_notebook_stops_and_says_why():

@@ -17,6 +17,7 @@ import tensorflow as tf
 from bench.smoke import MECHANICS
 from conftest import ROOT, WORKER, run_under
 from keras_transformer import Transformer, TransformerConfig
+from training.run_folder import RunFolder
 
 # Every test here reads what JAX processes computed: slow. (tests/test_search.py compares the
 # backends' decoding in the fast suite.)
@@ -216,8 +217,7 @@ def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(under_jax, t
 
     outputs, folder, pairs = under_jax
     run = str(folder / "overfit")
-    with open(os.path.join(run, "training.json")) as f:
-        assert json.load(f)["backend"] == "jax"
+    assert RunFolder(run).settings()["backend"] == "jax"
     sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
     translated = json.loads(outputs["translate"].splitlines()[-1])
     assert translated["greedy"][0] == targets

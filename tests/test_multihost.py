@@ -87,7 +87,7 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     # One process speaks: the bar and the checkpoints are printed by process 0 alone.
     assert "Saved checkpoint" in outputs[0] and "Saved checkpoint" not in outputs[1]
     assert "24/24" in outputs[0] and "24/24" not in outputs[1]
-    assert json.loads((run_dir / "training.json").read_text())["processes"] == 2
+    assert RunFolder(str(run_dir)).settings()["processes"] == 2
     # Each process wrote the shards of its own share: 0 and 2, and 1.
     written = [json.loads((run_dir.parent / f"shards-written-{index}.json").read_text()) for index in range(2)]
     assert written == [[0, 2], [1]]

@@ -87,20 +87,36 @@ def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_toke
     assert trainer.loss_and_gradients.experimental_get_tracing_count() == 1
 
 
-def test_a_run_folder_holding_a_different_run_is_refused(tmp_path):
+def test_a_resume_refuses_another_run_reports_what_changes_the_math_and_keeps_each_segment(tmp_path):
     run = RunFolder(str(tmp_path))
     settings = {"backend": "tensorflow", "dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0,
-                "processes": 1}  # fmt: skip
-    run.check_or_write(TransformerConfig.tiny(100), settings)
-    run.check_or_write(TransformerConfig.tiny(100), {**settings, "steps": 5})  # may change
+                "processes": 1, "warmup_steps": 400, "learning_rate_scale": 1.0, "dropout": None, "steps": 10}  # fmt: skip
+    assert run.check_resume(TransformerConfig.tiny(100), settings) == []  # a new run folder
+    run.record_segment(TransformerConfig.tiny(100), settings, 0, now="t0")
+    assert run.check_resume(TransformerConfig.tiny(100), {**settings, "steps": 20}) == []  # may change, unreported
+    changed = {**settings, "warmup_steps": 100, "dropout": 0.3, "steps": 20}
+    assert run.check_resume(TransformerConfig.tiny(100, dropout=0.3), changed) == [("dropout", 0.1, 0.3), ("warmup_steps", 400, 100)]
+    run.record_segment(TransformerConfig.tiny(100, dropout=0.3), changed, 10, now="t1")
+    assert run.segments() == [{"started": "t0", "step": 0, "settings": settings}, {"started": "t1", "step": 10, "settings": changed}]
+    assert run.settings() == changed and run.config().dropout == 0.3
     with pytest.raises(ValueError, match=r"holds a different run \(d_model: 128 in .*config.json, 256 now"):
-        run.check_or_write(TransformerConfig.tiny(100, d_model=256), settings)
+        run.check_resume(TransformerConfig.tiny(100, d_model=256, dropout=0.3), changed)
     with pytest.raises(ValueError, match=r"dataset: 'synthetic' in .*training.json, 'tfds:x' now"):
-        run.check_or_write(TransformerConfig.tiny(100), {**settings, "dataset": "tfds:x"})
+        run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "dataset": "tfds:x"})
     with pytest.raises(ValueError, match=r"processes: 1 in .*training.json, 2 now\).*\(and number of processes\)"):
-        run.check_or_write(TransformerConfig.tiny(100), {**settings, "processes": 2}, write=False)
+        run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "processes": 2})
     with pytest.raises(ValueError, match=r"trained under tensorflow .* resume it with KERAS_BACKEND=tensorflow"):
-        run.check_or_write(TransformerConfig.tiny(100), {**settings, "backend": "jax"})
+        run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "backend": "jax"})
+
+
+def test_a_run_folder_of_older_code_reads_as_one_segment_with_the_defaults_of_settings_added_since(tmp_path):
+    run = RunFolder(str(tmp_path))
+    old = {"dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0, "warmup_steps": 400}
+    run.write_json(run.config_path, TransformerConfig.tiny(100).to_dict())
+    run.write_json(run.settings_path, old)  # flat, without backend and processes (recorded since)
+    assert run.segments() == [{"started": None, "step": 0, "settings": old}]
+    assert run.settings() == {**old, "backend": "tensorflow", "processes": 1, "learning_rate_scale": 1.0}
+    assert run.check_resume(TransformerConfig.tiny(100), run.settings()) == []
 
 
 def test_bad_flags_are_named(capsys):

@@ -14,6 +14,7 @@ import pytest
 
 from bench.smoke import MECHANICS, TRAINING
 from conftest import ROOT
+from training.run_folder import RunFolder
 
 
 def _weights(run_dir, checkpoint=None):
@@ -114,7 +115,7 @@ def test_two_workers_each_read_a_share_and_train_and_resume_as_one_device_on_the
     run, reference = tmp_path / "run", tmp_path / "reference"
     _start_workers(run, [*flags, "--steps", "6"], tmp_path)
     assert (run / "checkpoints" / "ckpt-6.index").exists() and (run / "checkpoints" / "worker-1" / "ckpt-6.index").exists()
-    assert json.loads((run / "training.json").read_text())["processes"] == 2
+    assert RunFolder(str(run)).settings()["processes"] == 2
     # Each worker wrote the shards of its own share: 0 and 2, and 1.
     assert _shards_written(tmp_path) == [[0, 2], [1]]
     assert len(list((run / "data").glob("tokenized-*/shard-*.tfrecord"))) == 3
@@ -258,3 +259,35 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     expected, scores = make_translator(model, local.load_tokenizer(), jit_compile=False)(sources)
     assert [t.decode() for t in result["translation"].numpy()] == expected
     np.testing.assert_allclose(result["score"].numpy(), scores, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_run_folder_of_older_code_resumes_with_another_warmup_which_is_reported_and_followed(artifacts, tmp_path, capsys):
+    """The shared run's folder with training.json as code before the resume record wrote it (the
+    last settings alone, without the settings recorded since), resumed for 4 steps with another
+    --warmup-steps."""
+    import tensorflow as tf
+
+    from training import train
+    from training.learning_curve import read_scalars
+    from training.run_folder import RunFolder
+    from training.schedule import TransformerSchedule
+
+    folder = tmp_path / "run"
+    shutil.copytree(artifacts.tf_run, folder)
+    run = RunFolder(str(folder))
+    older = {name: value for name, value in run.settings().items() if name not in ("backend", "processes")}
+    run.write_json(run.settings_path, older)
+    capsys.readouterr()
+    train.main(["--run-dir", str(folder), *TRAINING, "--steps", "164", "--warmup-steps", "50", "--no-evaluate"])
+    out = capsys.readouterr().out
+    assert f"Resumed with warmup_steps 50 (it was {older['warmup_steps']}): the run follows it from step 160 on." in out
+    assert out.index("Resumed with warmup_steps") < out.index("Saved checkpoint")
+    segments = run.segments()
+    assert [(s["started"] is None, s["step"], s["settings"]["warmup_steps"]) for s in segments] == [
+        (True, 0, older["warmup_steps"]), (False, 160, 50)]  # fmt: skip
+    logged = read_scalars(os.path.join(run.log_dir, "train"))["learning_rate"][164]
+    schedule = [TransformerSchedule(run.config().d_model, warmup, older["learning_rate_scale"]) for warmup in (50, older["warmup_steps"])]
+    new, old = (float(tf.convert_to_tensor(s(164))) for s in schedule)
+    np.testing.assert_allclose(logged, new, rtol=1e-6)
+    assert abs(new - old) > 1e-2 * old

@@ -3,8 +3,9 @@ filesystem of TensorFlow's (`gs://` for a bucket): every file goes through `tf.i
 what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written locally and copied.
 
     DIR/config.json          the model's TransformerConfig
-    DIR/training.json        the data and training settings that a resumed run must share,
-                             the Keras backend that trained it among them
+    DIR/training.json        the settings of each segment of the run (each time training.train
+                             ran on the folder): when it started, at which step, with which
+                             flags and Keras backend (`RESUMED`)
     DIR/tokenizer.model      the SentencePiece model
     DIR/data/text/           a folder's training files cut into shards, and the tokenizer's
                              sample (training/shards.py; TFDS and synthetic corpora need none)
@@ -29,6 +30,7 @@ A checkpoint's file or folder is named `checkpoint_name(step)`; `step_of` reads 
 """
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -43,10 +45,32 @@ from keras_transformer import Transformer, TransformerConfig
 from training import data, shards
 from training.tokenizer import Tokenizer
 
-# Settings that must match when a run is resumed (the others, such as --steps, may change).
-# `processes`: each process' position in its share of the data is in the checkpoints.
-RESUME_SETTINGS = ("backend", "dataset", "source_lang", "target_lang", "dev_split", "test_split", "seed", "batch_tokens",
-                   "vocab_size", "tokenizer_sample", "processes")  # fmt: skip
+# How a resume treats a setting (training.json's, or a field of config.json) that differs from the
+# last segment's. "refused": it makes the run what it is (its data and how the processes share
+# them, the tokenizer, the model's shapes); `processes`: each process' position in its share of
+# the data is in the checkpoints. "reported": it changes the math from the resumed step on (the
+# schedule, the loss, dropout, the batch), printed before the first step. Any other (--steps,
+# --checkpoint-every, ...) just changes. Each name's default: its value for run folders written
+# before it was recorded.
+RESUMED = {
+    "backend": ("refused", "tensorflow"),
+    "dataset": ("refused", None),
+    "source_lang": ("refused", None),
+    "target_lang": ("refused", None),
+    "dev_split": ("refused", None),
+    "test_split": ("refused", None),
+    "seed": ("refused", None),
+    "vocab_size": ("refused", None),
+    "tokenizer_sample": ("refused", None),
+    "processes": ("refused", 1),
+    "warmup_steps": ("reported", None),
+    "learning_rate_scale": ("reported", 1.0),
+    "label_smoothing": ("reported", None),
+    "batch_tokens": ("reported", None),
+    "dropout": ("reported", None),
+    "attention_dropout": ("reported", None),
+    "relu_dropout": ("reported", None),
+}
 
 
 class RunFolder:
@@ -82,38 +106,57 @@ class RunFolder:
     def config(self):
         return TransformerConfig.from_dict(self._read_json(self.config_path))
 
-    def settings(self):
-        return self._read_json(self.settings_path)
+    def segments(self):
+        """training.json's record, oldest first: `{"started", "step", "settings"}` for each time
+        training.train ran on the folder (one with `started` None for a folder of older code,
+        which kept only the last settings)."""
+        record = self._read_json(self.settings_path)
+        return record["segments"] if "segments" in record else [{"started": None, "step": 0, "settings": record}]
 
-    def check_or_write(self, config, settings, write=True):
-        """Records the config and settings of a new run, or checks that a resumed run matches.
-        With `write=False` (the processes other than the chief), only checks."""
-        if not tf.io.gfile.exists(self.settings_path):  # written after the config
-            if write:
-                self.write_json(self.config_path, config.to_dict())
-                self.write_json(self.settings_path, settings)
-            return
-        trained_by = self.settings().get("backend", "tensorflow")
+    def settings(self):
+        """The last segment's settings, with `RESUMED`'s defaults for those it did not record."""
+        defaults = {name: default for name, (_, default) in RESUMED.items() if default is not None}
+        return {**defaults, **self.segments()[-1]["settings"]}
+
+    def check_resume(self, config, settings):
+        """For a run about to train here with `config` and `settings`: nothing for a new run
+        folder; else refuses (ValueError) a change of what `RESUMED` refuses, and returns the
+        reported changes as `[(name, old, new)]`."""
+        if not tf.io.gfile.exists(self.settings_path):
+            return []
+        old_settings = self.settings()
+        trained_by = old_settings["backend"]
         if trained_by != settings["backend"]:
             raise ValueError(
                 f"The run in {self.path} was trained under {trained_by} ({self.settings_path}), and its "
                 f"checkpoints hold that backend's optimizer state: resume it with KERAS_BACKEND={trained_by}. "
                 f"Its model weights can be evaluated and exported under either backend."
             )
-        differences = [
-            f"{name}: {old!r} in {self.config_path}, {new!r} now"
-            for name, old, new in _differences(self.config().to_dict(), config.to_dict())
-        ] + [
-            f"{name}: {old!r} in {self.settings_path}, {new!r} now"
-            for name, old, new in _differences({"processes": 1, **self.settings()}, settings, RESUME_SETTINGS)
-        ]
-        if differences:
+        old_config, new_config = self.config().to_dict(), config.to_dict()
+        treatment = lambda name: RESUMED.get(name, ("refused",))[0]  # noqa: E731  (a model field: refused)
+        # Dropout is compared in config.json, which holds its value; its flags may be None.
+        flags = [name for name in RESUMED if name not in new_config or treatment(name) == "refused"]
+        found = {"refused": [], "reported": []}
+        for old, new, path, names in ((old_config, new_config, self.config_path, list(new_config)),
+                                      (old_settings, settings, self.settings_path, flags)):  # fmt: skip
+            for name, a, b in _differences(old, new, names):
+                found[treatment(name)].append((name, a, b, path))
+        if found["refused"]:
             raise ValueError(
-                f"The run folder {self.path} holds a different run ({'; '.join(differences)}). "
+                f"The run folder {self.path} holds a different run "
+                f"({'; '.join(f'{name}: {a!r} in {path}, {b!r} now' for name, a, b, path in found['refused'])}). "
                 "Use another --run-dir, or the same flags (and number of processes) as the run that made it."
             )
-        if write:
-            self.write_json(self.settings_path, settings)
+        return [(name, a, b) for name, a, b, _ in found["reported"]]
+
+    def record_segment(self, config, settings, step, now=None):
+        """Adds a segment to training.json (the run's first, for a new folder): `settings` from
+        `step`, started `now` (default: the time, UTC); and writes `config` (whose dropout a
+        resume may change)."""
+        segments = self.segments() if tf.io.gfile.exists(self.settings_path) else []
+        started = now or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.write_json(self.config_path, config.to_dict())
+        self.write_json(self.settings_path, {"segments": [*segments, {"started": started, "step": step, "settings": settings}]})
 
     def load_tokenizer(self):
         if not tf.io.gfile.exists(self.tokenizer_path):

@@ -160,7 +160,7 @@ def train(args, strategy=None):
     settings = {name: getattr(args, name) for name in vars(args)}
     settings.update(dataset=args.dataset, source_lang=corpus.source_lang, target_lang=corpus.target_lang,
                     processes=backend.num_processes)  # fmt: skip
-    run.check_or_write(config, settings, write=backend.is_chief)
+    changes = run.check_resume(config, settings)
 
     schedule = TransformerSchedule(config.d_model, args.warmup_steps, args.learning_rate_scale)
     backend.build(config, lambda: paper_optimizer(schedule))
@@ -181,6 +181,10 @@ def train(args, strategy=None):
     step = backend.step
     if latest:
         say(f"Resumed from {latest} at step {step}.")
+    for name, old, new in changes:
+        say(f"Resumed with {name} {new!r} (it was {old!r}): the run follows it from step {step} on.")
+    if backend.is_chief:
+        run.record_segment(config, settings, step)
 
     def log_writer(name):
         return tf.summary.create_file_writer(os.path.join(run.log_dir, name)) if backend.is_chief else tf.summary.create_noop_writer()
