@@ -166,3 +166,17 @@ def test_batches_have_bucket_shapes_token_budgets_and_shifted_targets(synthetic_
     assert shapes <= {(256 // length // 2 * 2, length) for length in data.bucket_lengths(24)}
     # The 50-word pair is over --max-length: dropped and counted, once per pass over the data.
     assert batch["dropped_pairs"].numpy()[0] >= 1
+
+
+def test_the_built_in_and_tfds_corpora_split_into_a_shard_for_each_process(synthetic_corpus, tmp_path):
+    """`--processes 2` on the default corpus: each process reads a share of at least one shard
+    (a folder's files are cut into shards of their own size)."""
+    one = synthetic_corpus.training_split(str(tmp_path / "1"))
+    assert one.shard_sizes == [len(synthetic_corpus.pairs["train"])]  # one process: as before
+    for processes in (2, 3):
+        split = synthetic_corpus.training_split(str(tmp_path / str(processes)), shares=processes)
+        assert split.num_shards >= processes and sum(split.shard_sizes) == len(synthetic_corpus.pairs["train"])
+        for worker in range(processes):  # would raise with fewer shards than processes
+            assert shards.TokenizedShards(split, None, str(tmp_path / "tokenized"), worker=worker, num_workers=processes).share
+    six = data.Corpus("six", "en", "de", pairs={"train": [(f"s{i}", f"t{i}") for i in range(6)]})
+    assert six.training_split(str(tmp_path / "six"), shares=4).shard_sizes == [1] * 6

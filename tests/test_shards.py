@@ -130,7 +130,7 @@ def test_tokenized_shards_hold_every_pair_once_and_workers_read_disjoint_shares(
     assert [share.share for share in shares] == [[0, 2, 4], [1, 3]]
     first_epochs = [_read(share.dataset(), sum(tokenized.text.shard_sizes[i] for i in share.share)) for share in shares]
     assert collections.Counter(first_epochs[0]) + collections.Counter(first_epochs[1]) == expected
-    with pytest.raises(ValueError, match=r"has 5 shard\(s\) of up to 50 pairs, fewer than the 6 workers"):
+    with pytest.raises(ValueError, match=r"has 5 shard\(s\) of up to 50 pairs, fewer than the 6 processes .* at most 5 processes"):
         shards.TokenizedShards(tokenized.text, synthetic_tokenizer, tokenized.directory, num_workers=6)
 
 

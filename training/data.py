@@ -61,16 +61,19 @@ class Corpus:
         return [(s.decode("utf-8"), t.decode("utf-8")) for s, t in dataset.as_numpy_iterator()]
 
     def training_split(self, directory, sample_size=shards.TOKENIZER_SAMPLE, seed=0, pairs_per_shard=shards.PAIRS_PER_SHARD,
-                       cut=True):  # fmt: skip
+                       cut=True, shares=1):  # fmt: skip
         """The training split as `shards.TextShards`, with a tokenizer sample of `sample_size`
         pairs. A folder's files are cut into `directory` in one pass (once: a later call reads
         the cut; with `cut=False`, another process cuts them and this one waits); the other
-        sources write nothing."""
+        sources write nothing, and are split into at least `shares` shards (one for each
+        process that reads a share of them) where they have that many pairs."""
         if self.train_files:
             return shards.cut_text_files(*self.train_files, directory, sample_size, seed, pairs_per_shard, cut)
         if self.tfds_builder is not None:
-            return shards.TfdsShards(self.tfds_builder, self.source_lang, self.target_lang, sample_size, pairs_per_shard)
-        return shards.InMemoryShards(self.pairs["train"], sample_size, seed, pairs_per_shard)
+            size = _shard_size(self.tfds_builder.info.splits["train"].num_examples, pairs_per_shard, shares)
+            return shards.TfdsShards(self.tfds_builder, self.source_lang, self.target_lang, sample_size, size)
+        size = _shard_size(len(self.pairs["train"]), pairs_per_shard, shares)
+        return shards.InMemoryShards(self.pairs["train"], sample_size, seed, size)
 
 
 def load_corpus(dataset, source_lang=None, target_lang=None, dev_split="dev", test_split="test", data_dir=None, seed=0):
@@ -108,6 +111,11 @@ def tfds_corpus(name, source_lang=None, target_lang=None, data_dir=None):
             raise ValueError(f"{flag} {lang!r} is not a language of tfds:{name}; it has {languages}.")
     builder.download_and_prepare()
     return Corpus(f"tfds:{name}", source_lang, target_lang, tfds_builder=builder)
+
+
+def _shard_size(num_pairs, pairs_per_shard, shares):
+    """At most `pairs_per_shard`, and small enough for at least `shares` shards of `num_pairs` pairs."""
+    return max(1, min(pairs_per_shard, num_pairs // shares))
 
 
 def text_file_corpus(directory, source_lang, target_lang, split_names=None):

@@ -166,6 +166,8 @@ def main(argv=None):
     parser.add_argument("--checkpoint", help="a checkpoint path (default: the averaged one if there is one, else the latest)")
     add_decoding_flags(parser)
     parser.add_argument("--limit", type=int, help="evaluate only the first N sentences")
+    parser.add_argument("--no-xla", action="store_true", help="search without XLA (TensorFlow only): no compile "
+                        "time, for a few sentences")
     args = parser.parse_args(argv)
 
     run = run_folder.RunFolder(args.run_dir)
@@ -180,6 +182,7 @@ def main(argv=None):
             decoding_settings(args, tokenizer),
             limit=args.limit,
             output_path=run.translations_path(args.split),
+            jit_compile=not args.no_xla,
         )
     except ValueError as error:
         sys.exit(f"error: {error}")

@@ -402,8 +402,12 @@ class TokenizedShards:
         if not 0 <= worker < num_workers:
             raise ValueError(f"worker {worker} is not one of {num_workers} workers.")
         if text.num_shards < num_workers:
-            raise ValueError(f"The training split has {text.num_shards} shard(s) of up to {max(text.shard_sizes):,} "
-                             f"pairs, fewer than the {num_workers} workers that would read it.")  # fmt: skip
+            raise ValueError(
+                f"The training split has {text.num_shards} shard(s) of up to {max(text.shard_sizes):,} pairs, fewer than "
+                f"the {num_workers} processes that would each read a share of them: train with at most "
+                f"{text.num_shards} processes, or on more pairs (a folder's files are cut into shards of "
+                f"{PAIRS_PER_SHARD:,} pairs; the built-in and TFDS corpora into one shard a process at least)."
+            )
         self.text, self.tokenizer, self.directory, self.seed = text, tokenizer, directory, seed
         self.share = list(range(worker, text.num_shards, num_workers))
         self.show_progress = show_progress

@@ -152,7 +152,8 @@ def train(args, strategy=None):
     run = RunFolder(args.run_dir)
     corpus = data.load_corpus(args.dataset, args.source_lang, args.target_lang, args.dev_split, args.test_split,
                               args.data_dir, args.seed)  # fmt: skip
-    text = corpus.training_split(run.text_dir, args.tokenizer_sample, args.seed, cut=backend.is_chief)
+    text = corpus.training_split(run.text_dir, args.tokenizer_sample, args.seed, cut=backend.is_chief,
+                                 shares=backend.num_processes)  # fmt: skip
     tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief)
     overrides = {name: getattr(args, name) for name, _, _ in MODEL_FLAGS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
