@@ -39,6 +39,7 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
             np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_a_model_in_reduced_precision_decodes_as_float32_on_most_sentences(precision, reversal_model):
     from export.saved_model import in_precision

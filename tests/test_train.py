@@ -51,6 +51,7 @@ def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer, to
     assert translations == [p[1] for p in pairs]
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_equals_one_device(synthetic_corpus, synthetic_tokenizer, tokenize):
     config = _small_config(synthetic_tokenizer)
     batches = data.training_batches(tokenize(synthetic_corpus, synthetic_tokenizer), batch_tokens=256, max_length=24,
