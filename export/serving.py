@@ -219,16 +219,18 @@ class Translator(tf.Module):
     def _options(self, text, *values):
         """`serving_default` with the decoding options of `OPTIONS`, each a value per sentence
         (or one for all); the export's where a request gives none."""
-        source_ids, too_long = self._source_ids(text, report_cut=True)
+        source_ids = self._source_ids(text, max_length=None)  # cut below, at the request's limit or the model's
         options, checks = {}, []
         for option, spec, value in zip(OPTIONS, OPTION_SPECS, values):
             value = _per_sentence(value, spec, text, broadcast=True)
             checks += self._checks(option, value)
             options[option.name] = self._suppressed(value) if option.dtype == "string" else value
         with tf.control_dependencies(checks):
-            source_ids, was_cut = cut(source_ids, options.pop("max_input_length"))  # cut here, not again per slice
-            result = self._search_with_options(source_ids, options)
-        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores, "cut": was_cut | too_long}
+            limit = options.pop("max_input_length")
+            limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
+            source_ids, was_cut = cut(source_ids, limit)  # cut here, not again per slice
+            result = self._search_with_options(_trimmed(source_ids), options)
+        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores, "cut": was_cut}
 
     def _score(self, text, target, alpha):
         source_ids = self._source_ids(text)
@@ -288,14 +290,12 @@ class Translator(tf.Module):
         asked = tf.range(width)[None] < n[:, None]  # [batch, width]
         return {"translations": tf.where(asked, translations, ""), "scores": tf.where(asked, scores, NEG_INF)}
 
-    def _source_ids(self, text, report_cut=False):
-        """Text `[batch]` -> ids `[batch, length]` cut at the model's `max_length`; with
-        `report_cut`, also which were cut (bool `[batch]`)."""
+    def _source_ids(self, text, max_length=-1):
+        """Text `[batch]` -> ids `[batch, length]` cut at `max_length` tokens (default: the
+        model's; None: not cut)."""
         text = _clean(tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings"))
-        ids = self.tokenizer.encode_source(text, self.model.config.max_length).to_tensor()
-        if not report_cut:
-            return ids
-        return ids, self.tokenizer.tokenize(text).row_lengths() + 1 > self.model.config.max_length
+        max_length = self.model.config.max_length if max_length == -1 else max_length
+        return self.tokenizer.encode_source(text, max_length).to_tensor()
 
     def _search(self, settings, source_ids, target_prefix=None):
         def search(ids, prefix=None):

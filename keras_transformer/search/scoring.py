@@ -38,14 +38,14 @@ def score(model, source_ids, target_ids, alpha=DecodingSettings.alpha, rows_at_o
         score equals the search's (without decoding options that change values).
     """
     target_ids = ops.convert_to_tensor(target_ids, "int32")
-    batch, length = ops.shape(target_ids)[0], ops.shape(target_ids)[1]
+    batch, target_len = ops.shape(target_ids)[0], ops.shape(target_ids)[1]
     inputs = ops.concatenate([ops.full((batch, 1), BOS_ID, "int32"), target_ids[:, :-1]], axis=1)  # [batch, target_len]
     encoder_output, source_mask = model.encode(ops.convert_to_tensor(source_ids, "int32"), training=False)
     states = model.decoder_states(inputs, encoder_output, source_mask, training=False)  # [batch, target_len, d_model]
     real = target_ids != PAD_ID  # [batch, target_len]
-    token = _log_probs(model, ops.reshape(states, (batch * length, -1)), ops.reshape(target_ids, (-1,)),
+    token = _log_probs(model, ops.reshape(states, (batch * target_len, -1)), ops.reshape(target_ids, (-1,)),
                        ops.reshape(real, (-1,)), rows_at_once)  # fmt: skip
-    token = ops.reshape(token, (batch, length))
+    token = ops.reshape(token, (batch, target_len))
     length = ops.sum(ops.cast(real, "int32"), axis=1)  # [batch]
     log_prob = ops.sum(token, axis=1)  # [batch]
     return ScoreResult(log_prob, log_prob / length_penalty(length, alpha), token, length)
