@@ -1,10 +1,11 @@
 """Training across hosts under JAX, as several processes on 127.0.0.1 (JAX's multi-controller
 runtime, CPU collectives over gloo): two processes of two host devices each train as one process
-of four devices does on the same global batches, resume where a killed run stopped, and end when
-a peer dies."""
+of four devices does on the same global batches, resume where a killed run stopped, and end with
+one clear message when a peer dies (training/supervisor.py)."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,9 +19,10 @@ from bench.smoke import MECHANICS
 from conftest import ROOT, WORKER
 from keras_transformer import Transformer
 from training.run_folder import RunFolder
+from training.supervisor import EXIT_LOST, JAX_FATAL, MARKER
 
-# bench/smoke.py's recipe for mechanics, shorter, on a folder of text files.
-FLAGS = [*MECHANICS, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate", "--source-lang", "en", "--target-lang", "de"]
+# bench/smoke.py's recipe for mechanics, shorter.
+FLAGS = [*MECHANICS, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate"]
 LIMIT_SECONDS = 600  # each process a test starts ends by itself within this
 TRAINER = os.path.join(ROOT, "tests", "multiworker_worker.py")  # training.train, recording the shards written
 # One worker runs them all: two of them compare with the two_processes module fixture's run.
@@ -38,15 +40,23 @@ def _environment(devices):
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}  # fmt: skip
 
 
-def _start_processes(run_dir, corpus, *flags):
-    """Two processes of `training.train` with two host devices each, joined on 127.0.0.1; each
-    writes the numbers of the shards it tokenized to RUN_DIR/../shards-written-INDEX.json."""
+def _start_processes(run_dir, corpus, *flags, command=None):
+    """Two processes of `training.train` with two host devices each, joined on 127.0.0.1, on the
+    folder `corpus` (None: the built-in corpus). `command` is what runs the training; by default
+    tests/multiworker_worker.py, which writes the numbers of the shards it tokenized to
+    RUN_DIR/../shards-written-INDEX.json."""
     address = f"127.0.0.1:{_free_port()}"
+    dataset = [] if corpus is None else ["--dataset", str(corpus), "--source-lang", "en", "--target-lang", "de"]
+
+    def arguments(index):
+        if command is not None:
+            return command
+        return [TRAINER, "--shards-written", str(run_dir.parent / f"shards-written-{index}.json")]
+
     return [
         subprocess.Popen(
-            ["timeout", str(LIMIT_SECONDS), sys.executable, TRAINER, "--run-dir", str(run_dir),
-             "--dataset", str(corpus), *FLAGS, *flags, "--processes", "2", "--coordinator-address", address,
-             "--process-id", str(index), "--shards-written", str(run_dir.parent / f"shards-written-{index}.json")],
+            ["timeout", str(LIMIT_SECONDS), sys.executable, *arguments(index), "--run-dir", str(run_dir), *dataset,
+             *FLAGS, *flags, "--processes", "2", "--coordinator-address", address, "--process-id", str(index)],
             cwd=ROOT, env=_environment(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,  # a group of its own: `timeout` and the training process are killed together
         )  # fmt: skip
@@ -99,7 +109,7 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     (reference / "tokenizer.model").write_bytes((run_dir / "tokenizer.model").read_bytes())
     result = subprocess.run(
         ["timeout", str(LIMIT_SECONDS), sys.executable, WORKER, "two-shares", str(reference), "--dataset", str(corpus),
-         *FLAGS],
+         "--source-lang", "en", "--target-lang", "de", *FLAGS],
         cwd=ROOT, env=_environment(4), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -111,9 +121,10 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
 
 
 def _kill_after_the_first_checkpoint(run_dir, corpus, killed):
-    """Starts two processes, kills process `killed` once the first checkpoint is complete; returns
-    the survivor's output and exit status, and the seconds it took to end."""
-    processes = _start_processes(run_dir, corpus)
+    """Starts two processes as the README does (`python -m training.train`), kills process
+    `killed` once the first checkpoint is complete; returns the survivor's output and exit status,
+    and the seconds it took to end."""
+    processes = _start_processes(run_dir, corpus, command=["-m", "training.train"])
     deadline = time.monotonic() + LIMIT_SECONDS
     while not (run_dir / "checkpoints" / "ckpt-4" / "state.json").exists():
         assert time.monotonic() < deadline and processes[0].poll() is None, processes[0].communicate()[0][-4000:]
@@ -126,12 +137,30 @@ def _kill_after_the_first_checkpoint(run_dir, corpus, killed):
     return output, survivor.returncode, time.monotonic() - killed_at
 
 
+def _assert_one_clear_message(output, status, first_line, run_dir):
+    """The survivor ended with EXIT_LOST and the message of training/supervisor.py as its last
+    lines: who stopped, the checkpoint that a rerun resumes from, what to do; neither a Python
+    traceback nor JAX's C++ report with its stack trace."""
+    assert status == EXIT_LOST, output[-3000:]
+    step, path = RunFolder(str(run_dir)).checkpoints()[-1]
+    assert output.rstrip().splitlines()[-3:] == [
+        first_line,
+        f"The last checkpoint every process completed: {path} (step {step}).",
+        "Rerun the same command on every host to resume from it.",
+    ], output[-3000:]
+    for leak in ("Traceback", "Check failure stack trace", JAX_FATAL, MARKER):
+        assert leak not in output, output[-3000:]
+
+
 @pytest.mark.slow
-def test_a_killed_coordinator_ends_the_other_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
+def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
     run_dir = tmp_path / "run"
     # Process 0 hosts JAX's coordination service: the other ends at once.
     output, status, seconds = _kill_after_the_first_checkpoint(run_dir, corpus, killed=0)
-    assert status != 0, output[-3000:]
+    _assert_one_clear_message(
+        output, status, "Lost process 0 of 2, which runs JAX's coordination service (--coordinator-address): it "
+        "stopped answering, so process 1 ends too.", run_dir,
+    )  # fmt: skip
     assert seconds < 90
     assert not (run_dir / "checkpoints" / "ckpt-24").exists()
 
@@ -143,7 +172,7 @@ def test_a_killed_coordinator_ends_the_other_and_the_rerun_resumes_exactly(two_p
     # On another number of processes, the checkpoint is refused, both counts named.
     refused = subprocess.run(
         ["timeout", str(LIMIT_SECONDS), sys.executable, "-m", "training.train", "--run-dir", str(run_dir), "--dataset",
-         str(corpus), *FLAGS, "--steps", "28"],
+         str(corpus), "--source-lang", "en", "--target-lang", "de", *FLAGS, "--steps", "28"],
         cwd=ROOT, env=_environment(4), capture_output=True, text=True,
     )  # fmt: skip
     assert refused.returncode != 0
@@ -151,11 +180,19 @@ def test_a_killed_coordinator_ends_the_other_and_the_rerun_resumes_exactly(two_p
 
 
 @pytest.mark.slow
-def test_a_killed_worker_process_ends_the_coordinator_with_an_error_within_the_heartbeat(corpus, tmp_path):
+def test_a_killed_worker_process_ends_the_coordinator_clearly_within_the_heartbeat(tmp_path):
     from training.backends.jax import HEARTBEAT_SECONDS
 
-    # Process 0 learns that process 1 is gone from a failed collective or, at the latest, from
-    # the missed heartbeats of JAX's coordination service.
-    output, status, seconds = _kill_after_the_first_checkpoint(tmp_path / "run", corpus, killed=1)
-    assert status != 0, output[-3000:]
+    # The built-in corpus, cut into a share a process. Process 0 learns that process 1 is gone
+    # from a failed collective or, at the latest, from the missed heartbeats of JAX's
+    # coordination service.
+    run_dir = tmp_path / "run"
+    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, None, killed=1)
     assert seconds < HEARTBEAT_SECONDS + 30, f"process 0 ended {seconds:.0f} s after process 1 was killed"
+    first = output.rstrip().splitlines()[-3]
+    heartbeats = "Lost process 1 of 2: it stopped sending heartbeats to JAX's coordination service, so process 0 ends too."
+    collective = (r"The (barrier '.+'|training steps' gradient all-reduce|broadcast of process 0's training time) failed "
+                  r"in process 0 of 2 \(.+\): another process stopped answering, so process 0 ends\.")  # fmt: skip
+    assert first == heartbeats or re.fullmatch(collective, first), first
+    _assert_one_clear_message(output, status, first, run_dir)
+    assert "Saved checkpoint" in output and "4/24" in output  # process 0 spoke for both until then

@@ -1,6 +1,6 @@
 """Quiet command lines: TensorFlow's C++ start-up lines (oneDNN notices, CUDA probing on a machine
-without a GPU) stay out of what a command prints. Set TF_CPP_MIN_LOG_LEVEL (0 shows everything)
-to see them.
+without a GPU) stay out of what a command prints. Set TF_CPP_MIN_LOG_LEVEL=0 to see them; a
+level of 1 or more is kept (a process started by another command inherits its 3).
 
 Every command-line entry point calls `quiet_tensorflow()` before anything imports TensorFlow.
 """
@@ -11,12 +11,12 @@ import sys
 
 
 def quiet_tensorflow():
-    """Imports TensorFlow and tensorflow_text with their C++ logs silenced, unless the user set
-    TF_CPP_MIN_LOG_LEVEL. Python errors and warnings still show."""
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ or "tensorflow" in sys.modules:
+    """Imports TensorFlow and tensorflow_text with their C++ logs silenced, unless
+    TF_CPP_MIN_LOG_LEVEL is 0. Python errors and warnings still show."""
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0" or "tensorflow" in sys.modules:
         return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # later C++ logs: errors too (Python raises them anyway)
-    with _stderr_to_devnull():  # the lines logged while importing, before that setting is read
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # later C++ logs: errors too (Python raises them anyway)
+    with _stderr_to_devnull():  # the lines logged while importing, before any setting is read
         import tensorflow  # noqa: F401
         import tensorflow_text  # noqa: F401
 

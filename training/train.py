@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.config import PRESETS  # noqa: E402
-from training import backends, data, evaluate, shards  # noqa: E402
+from training import backends, data, evaluate, shards, supervisor  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
@@ -264,10 +264,18 @@ def main(argv=None):
     if args.backend != keras.config.backend():  # Keras fixes its backend at import: start again under it
         os.execve(sys.executable, [sys.executable, "-m", "training.train", *argv],
                   {**os.environ, "KERAS_BACKEND": args.backend})  # fmt: skip
+    if args.processes != "1" and not supervisor.is_supervised():  # a small process watches the training
+        process_id = "auto" if args.process_id is None else str(args.process_id)
+        os.execv(sys.executable, [sys.executable, "-m", "training.supervisor", args.run_dir, process_id, args.processes,
+                                  "--", sys.executable, "-m", "training.train", *argv])  # fmt: skip
     try:
         train(args)
     except ValueError as error:
         sys.exit(f"error: {error}")
+    except supervisor.LostProcess as lost:  # for the watching process, which says what to do
+        sys.stdout.flush()
+        print(lost.report(), file=sys.stderr, flush=True)
+        os._exit(supervisor.EXIT_LOST)  # not sys.exit: JAX's exit handler would wait for the lost process
 
 
 if __name__ == "__main__":

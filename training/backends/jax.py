@@ -27,8 +27,10 @@ its part: a folder without it is an interrupted save, which is ignored and then 
 folder is renamed: on a bucket a rename copies every file.)
 """
 
+import contextlib
 import json
 import os
+import re
 
 import jax
 import keras
@@ -40,12 +42,15 @@ from keras_transformer import Transformer
 from training.backends import Backend
 from training.loss import smoothed_cross_entropy
 from training.run_folder import checkpoint_name, load_weights, local_copy, remove_tree, written_locally
+from training.supervisor import LostProcess
 
 # The batch fields the step reads (`dropped_pairs` is read on the host).
 STEP_INPUTS = ("source", "target_input", "target_output")
 STRATEGIES = ("auto", "tpu", "cpu")
 # A process that stops answering for this long ends the others (JAX's default is 100 s).
 HEARTBEAT_SECONDS = 60
+# How a collective's error reads when a peer is gone (gloo on CPUs, the coordination service).
+PEER_LOST = re.compile(r"gloo|connection|socket|peer|unavailable|deadline", re.IGNORECASE)
 
 
 def initialize_processes(coordinator_address=None, num_processes=None, process_id=None):
@@ -157,13 +162,15 @@ class JaxBackend(Backend):
 
     def train_steps(self, iterator, num_steps):
         loss_total, tokens_total, dropped = 0.0, 0.0, 0
-        for _ in range(num_steps):
-            batch = next(iterator)  # this process' rows of the global batch
-            dropped = int(batch["dropped_pairs"][0])
-            arrays = {name: jax.make_array_from_process_local_data(self.split_rows, batch[name].numpy()) for name in STEP_INPUTS}
-            self.state, loss_sum, tokens = self.step_fn(self.state, arrays)  # dispatched; runs while the host reads on
-            loss_total, tokens_total = loss_total + loss_sum, tokens_total + tokens
-        return float(loss_total / tokens_total), float(tokens_total), dropped
+        with self._collective("the training steps' gradient all-reduce"):
+            for _ in range(num_steps):
+                batch = next(iterator)  # this process' rows of the global batch
+                dropped = int(batch["dropped_pairs"][0])
+                arrays = {name: jax.make_array_from_process_local_data(self.split_rows, batch[name].numpy())
+                          for name in STEP_INPUTS}  # fmt: skip
+                self.state, loss_sum, tokens = self.step_fn(self.state, arrays)  # dispatched; the host reads on
+                loss_total, tokens_total = loss_total + loss_sum, tokens_total + tokens
+            return float(loss_total / tokens_total), float(tokens_total), dropped
 
     @property
     def step(self):
@@ -172,7 +179,20 @@ class JaxBackend(Backend):
     def agree(self, value):
         if self.num_processes == 1:
             return value
-        return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
+        with self._collective("the broadcast of process 0's training time"):
+            return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
+
+    @contextlib.contextmanager
+    def _collective(self, what):
+        """Runs `what`, work with the other processes: an error that says a peer is gone raises
+        `LostProcess` (which `training.train` turns into one clear message)."""
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as error:
+            if self.num_processes == 1 or not PEER_LOST.search(str(error)):
+                raise
+            detail = str(error).strip().splitlines()[0]
+            raise LostProcess(what, detail, self.process_index, self.num_processes) from error
 
     # Checkpoints.
 
@@ -182,7 +202,8 @@ class JaxBackend(Backend):
 
     def _barrier(self, name):
         if self.num_processes > 1:
-            multihost_utils.sync_global_devices(name)
+            with self._collective(f"the barrier '{name}'"):
+                multihost_utils.sync_global_devices(name)
 
     def restore(self, run, iterator, keep):
         self.run, self.keep = run, keep
