@@ -1,7 +1,7 @@
 """Host input pipeline speed: read, bucket and batch (`training.data.training_batches`, what
 training reads), in real target tokens per second, next to what one TPU v5e chip would consume
 training the base model. Two rows: the first epoch, which tokenizes the split into shards while
-it reads them (`training.shards.TokenizedShards`), and later epochs, which read the shards.
+it reads them (`training.tokenized.TokenizedShards`), and later epochs, which read the shards.
 
     python -m bench.pipeline --data ../shared/data/multi30k   # Multi30k EN-DE, 25,000-token batches
     python -m bench.pipeline --smoke                          # seconds: the synthetic corpus
@@ -26,7 +26,8 @@ import numpy as np  # noqa: E402
 from bench.common import emit, peak_rss_mb  # noqa: E402
 from bench.train_throughput import training_flops  # noqa: E402
 from keras_transformer import PAD_ID, TransformerConfig  # noqa: E402
-from training import data, shards  # noqa: E402
+from training import data  # noqa: E402
+from training.tokenized import TokenizedShards  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 V5E_BF16_FLOPS = 197e12
@@ -74,10 +75,10 @@ def main():
         tokenizer = Tokenizer(train_sentencepiece([t for pair in text.sample() for t in pair], args.vocab_size))
         directory = os.path.join(scratch, "tokenized")
         start = time.perf_counter()
-        shards.TokenizedShards(text, tokenizer, os.path.join(scratch, "tokenized-alone")).write_all()
+        TokenizedShards(text, tokenizer, os.path.join(scratch, "tokenized-alone")).write_all()
         tokenize_seconds = time.perf_counter() - start
         for mode in ("first_epoch", "later_epochs"):
-            tokenized = shards.TokenizedShards(text, tokenizer, directory)
+            tokenized = TokenizedShards(text, tokenizer, directory)
             tokens_per_second = measure(tokenized, args.batch_tokens, args.batches, args.warmup)
             tokenized.close()
             tokenized.write_all()  # the rest, for the later epochs' row

@@ -41,9 +41,10 @@ import tensorflow as tf
 from keras_transformer import TransformerConfig
 from keras_transformer.search import DecodingSettings, sample_search, score
 from keras_transformer.search import decode as decode_with
-from training import backends, data, evaluate, shards
+from training import backends, data, evaluate
 from training.run_folder import RunFolder
 from training.schedule import TransformerSchedule, paper_optimizer
+from training.tokenized import TokenizedShards
 from training.train import parse_args, train
 
 
@@ -211,7 +212,7 @@ def batches_of_two_shares():
         text, tokenizer, seed = tokenized.text, tokenized.tokenizer, tokenized.seed
         schedule = data.bucket_schedule(text, tokenizer, batch_tokens=batch_tokens // 2, max_length=max_length, num_shares=2)
         halves = [
-            batches_of_a_share(shards.TokenizedShards(text, tokenizer, tokenized.directory, seed, process, 2),
+            batches_of_a_share(TokenizedShards(text, tokenizer, tokenized.directory, seed, process, 2),
                                   batch_tokens=batch_tokens // 2, max_length=max_length,
                                   batch_multiple=max(1, batch_multiple // 2), schedule=schedule)
             for process in range(2)

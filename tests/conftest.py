@@ -71,17 +71,18 @@ def synthetic_sentencepiece(synthetic_corpus):
 
 @pytest.fixture
 def tokenize(tmp_path):
-    """`tokenize(corpus, tokenizer, **kwargs)`: the `shards.TokenizedShards` of the corpus's
+    """`tokenize(corpus, tokenizer, **kwargs)`: the `tokenized.TokenizedShards` of the corpus's
     training split, in this test's folder (`pairs_per_shard` goes to the cut, the rest to
     `TokenizedShards`). Their writers are stopped when the test ends."""
     from training import shards
+    from training.tokenized import TokenizedShards
 
     made = []
 
     def make(corpus, tokenizer, pairs_per_shard=shards.PAIRS_PER_SHARD, **kwargs):
         folder = tmp_path / f"shards-{len(made)}"
         text = corpus.training_split(str(folder / "text"), pairs_per_shard=pairs_per_shard)
-        made.append(shards.TokenizedShards(text, tokenizer, str(folder / "tokenized"), **kwargs))
+        made.append(TokenizedShards(text, tokenizer, str(folder / "tokenized"), **kwargs))
         return made[-1]
 
     yield make

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from training import shards
+from training.tokenized import TokenizedShards
 from training.train import parse_args, train
 
 if __name__ == "__main__":
@@ -18,14 +18,14 @@ if __name__ == "__main__":
     parser.add_argument("--weights-out")
     parser.add_argument("--shards-written")
     ours, argv = parser.parse_known_args()
-    written, write = [], shards.TokenizedShards._write
+    written, write = [], TokenizedShards._write
 
     def recorded(self, shard, *args):
         result = write(self, shard, *args)
         written.append(shard)
         return result
 
-    shards.TokenizedShards._write = recorded
+    TokenizedShards._write = recorded
     model, _ = train(parse_args(argv))
     if ours.weights_out:
         np.savez(ours.weights_out, *model.get_weights())

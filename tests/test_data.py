@@ -5,7 +5,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
-from training import data, shards
+from training import cut, data, shards
+from training.tokenized import TokenizedShards
 
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 
@@ -23,9 +24,9 @@ def test_files_of_different_lengths_are_named(tmp_path):
         data.read_parallel_files(source, target)
     # The training split is streamed: the same message, from the pass that cuts it into shards.
     with pytest.raises(ValueError, match=rf"{source} has 3 lines but {target} has 2"):
-        shards.cut_text_files(source, target, str(tmp_path / "cut"))
+        cut.cut_text_files(source, target, str(tmp_path / "cut"))
     with pytest.raises(ValueError, match=rf"{target} has 2 lines but {source} has 3"):
-        shards.cut_text_files(target, source, str(tmp_path / "cut"))
+        cut.cut_text_files(target, source, str(tmp_path / "cut"))
     assert not os.path.exists(tmp_path / "cut" / "index.json")  # no cut that a later run would read
 
 
@@ -43,9 +44,9 @@ def test_a_line_that_is_not_utf8_is_named(tmp_path, monkeypatch):
     target = _write(tmp_path / "train.de", b"x\n" * len(lines))
     with pytest.raises(ValueError, match=rf"{source}, line 217: not valid UTF-8 \(invalid start byte at byte 4\)"):
         data.read_parallel_files(source, target)
-    monkeypatch.setattr(shards, "_READ_BYTES", 100)  # the bad line in a later block than the first
+    monkeypatch.setattr(cut, "_READ_BYTES", 100)  # the bad line in a later block than the first
     with pytest.raises(ValueError, match=rf"{source}, line 217: not valid UTF-8 \(invalid start byte at byte 4\)"):
-        shards.cut_text_files(source, target, str(tmp_path / "cut"))
+        cut.cut_text_files(source, target, str(tmp_path / "cut"))
 
 
 def test_unknown_dataset_and_missing_languages_are_explained(tmp_path):
@@ -127,8 +128,6 @@ def test_scheduled_batches_of_two_shares_agree_in_shape_and_hold_every_pair_of_t
 def test_rare_buckets_join_the_next_larger_and_a_rare_last_bucket_takes_in_the_one_below(
     synthetic_corpus, synthetic_tokenizer
 ):
-    from training import shards
-
     pairs = synthetic_corpus.text_pairs("train", 200)
     long = " ".join(pairs[0][0] for _ in range(5))  # one pair of a longer bucket than the rest
     text = shards.InMemoryShards(pairs + [(long, long)], pairs_per_shard=1000)
@@ -177,6 +176,6 @@ def test_the_built_in_and_tfds_corpora_split_into_a_shard_for_each_process(synth
         split = synthetic_corpus.training_split(str(tmp_path / str(processes)), shares=processes)
         assert split.num_shards >= processes and sum(split.shard_sizes) == len(synthetic_corpus.pairs["train"])
         for worker in range(processes):  # would raise with fewer shards than processes
-            assert shards.TokenizedShards(split, None, str(tmp_path / "tokenized"), worker=worker, num_workers=processes).share
+            assert TokenizedShards(split, None, str(tmp_path / "tokenized"), worker=worker, num_workers=processes).share
     six = data.Corpus("six", "en", "de", pairs={"train": [(f"s{i}", f"t{i}") for i in range(6)]})
     assert six.training_split(str(tmp_path / "six"), shares=4).shard_sizes == [1] * 6

@@ -1,5 +1,6 @@
-"""The training split streamed in shards (training/shards.py): the cut of text files, the
-tokenizer's sample, and the tokenized shards written while training reads them."""
+"""The training split streamed in shards (training/shards.py): the cut of text files
+(training/cut.py), the tokenizer's sample, the tokenized shards written while training reads them
+(training/tokenized.py), and the progress a long phase prints (training/progress.py)."""
 
 import collections
 import gzip
@@ -16,7 +17,9 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
-from training import data, shards
+from training import cut, data, shards
+from training.progress import Progress
+from training.tokenized import TokenizedShards
 from training.tokenizer import Tokenizer, train_sentencepiece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +54,7 @@ def test_a_folder_is_cut_into_shards_that_hold_the_pairs_read_in_memory(tmp_path
     folder = _write_folder(tmp_path / "corpus", _awkward_pairs(47))
     expected = data.read_parallel_files(os.path.join(folder, "train.en"), os.path.join(folder, "train.de"))
     assert expected[0] == ("sentence 0 über Straßen", "Satz 0 中文") and expected[5] == ("", "")
-    monkeypatch.setattr(shards, "_READ_BYTES", 64)  # many blocks, and shards that straddle them
+    monkeypatch.setattr(cut, "_READ_BYTES", 64)  # many blocks, and shards that straddle them
     corpus = data.load_corpus(folder, "en", "de", dev_split="val")
     text = corpus.training_split(str(tmp_path / "cut"), sample_size=10, pairs_per_shard=7)
     assert text.shard_sizes == [7] * 6 + [5]
@@ -62,7 +65,7 @@ def test_a_folder_is_cut_into_shards_that_hold_the_pairs_read_in_memory(tmp_path
     sample = text.sample()
     assert len(sample) == len(set(sample)) == 10 and set(sample) <= set(expected)
     # A second run reads the cut; files that changed since are refused.
-    monkeypatch.setattr(shards, "_cut", None)
+    monkeypatch.setattr(cut, "_cut", None)
     assert _streamed(corpus.training_split(str(tmp_path / "cut"), sample_size=10, pairs_per_shard=7)) == expected
     with open(os.path.join(folder, "train.en"), "ab") as f:
         f.write(b"one more\n")
@@ -126,32 +129,32 @@ def test_tokenized_shards_hold_every_pair_once_and_workers_read_disjoint_shares(
     for shard, size in enumerate(tokenized.text.shard_sizes):
         assert sum(1 for _ in tf.data.TFRecordDataset(tokenized.path(shard))) == size
 
-    shares = [shards.TokenizedShards(tokenized.text, synthetic_tokenizer, tokenized.directory, 4, worker, 2) for worker in (0, 1)]
+    shares = [TokenizedShards(tokenized.text, synthetic_tokenizer, tokenized.directory, 4, worker, 2) for worker in (0, 1)]
     assert [share.share for share in shares] == [[0, 2, 4], [1, 3]]
     first_epochs = [_read(share.dataset(), sum(tokenized.text.shard_sizes[i] for i in share.share)) for share in shares]
     assert collections.Counter(first_epochs[0]) + collections.Counter(first_epochs[1]) == expected
     with pytest.raises(ValueError, match=r"has 5 shard\(s\) of up to 50 pairs, fewer than the 6 processes .* at most 5 processes"):
-        shards.TokenizedShards(tokenized.text, synthetic_tokenizer, tokenized.directory, num_workers=6)
+        TokenizedShards(tokenized.text, synthetic_tokenizer, tokenized.directory, num_workers=6)
 
 
 KILLED_WRITER = """
 import os, signal, sys
-from training import data, shards
+from training import data, records, tokenized
 from training.tokenizer import Tokenizer
 
 folder, cut, tokenized_dir = sys.argv[1:]
 text = data.load_corpus(folder, "en", "de").training_split(cut, pairs_per_shard=300)
 tokenizer = Tokenizer.load(os.path.join(folder, "tokenizer.model"))
-records, calls = shards._records, []
+encode, calls = records.encode, []
 
 def records_then_killed(sources, targets):
     calls.append(1)
     if len(calls) == 6:  # the second batch of the third shard: its first is in the file being written
         os.kill(os.getpid(), signal.SIGKILL)
-    return records(sources, targets)
+    return encode(sources, targets)
 
-shards._records = records_then_killed
-shards.TokenizedShards(text, tokenizer, tokenized_dir, seed=7).write_all()
+records.encode = records_then_killed
+tokenized.TokenizedShards(text, tokenizer, tokenized_dir, seed=7).write_all()
 """
 
 
@@ -168,9 +171,9 @@ def test_a_run_killed_while_writing_shards_leaves_none_that_the_next_run_trusts(
 
     tokenizer = Tokenizer(synthetic_sentencepiece)
     text = data.load_corpus(folder, "en", "de").training_split(cut, pairs_per_shard=300)
-    resumed = shards.TokenizedShards(text, tokenizer, directory, seed=7)
+    resumed = TokenizedShards(text, tokenizer, directory, seed=7)
     assert len(resumed.missing()) == 2
-    fresh = shards.TokenizedShards(text, tokenizer, str(tmp_path / "fresh"), seed=7)
+    fresh = TokenizedShards(text, tokenizer, str(tmp_path / "fresh"), seed=7)
     settings = dict(batch_tokens=256, max_length=24, shuffle_buffer=500)
     try:
         batches = [list(data.training_batches(t, **settings).take(40).as_numpy_iterator()) for t in (resumed, fresh)]
@@ -187,7 +190,7 @@ def test_a_run_killed_while_writing_shards_leaves_none_that_the_next_run_trusts(
 def test_an_iterator_saved_while_the_shards_are_written_resumes_with_the_same_batches(synthetic_corpus, synthetic_tokenizer,
                                                                                       tmp_path):  # fmt: skip
     text = _Slow(synthetic_corpus.text_pairs("train", 20000), pairs_per_shard=100)
-    tokenized = shards.TokenizedShards(text, synthetic_tokenizer, str(tmp_path / "tokenized"))
+    tokenized = TokenizedShards(text, synthetic_tokenizer, str(tmp_path / "tokenized"))
     settings = dict(batch_tokens=256, max_length=24, shuffle_buffer=300)
     iterator = iter(data.training_batches(tokenized, **settings))
     for _ in range(3):
@@ -195,7 +198,7 @@ def test_an_iterator_saved_while_the_shards_are_written_resumes_with_the_same_ba
     assert tokenized.missing(), "the checkpoint should be taken while shards are still being written"
     path = tf.train.Checkpoint(data=iterator).write(str(tmp_path / "checkpoint" / "data"))
     expected = [next(iterator) for _ in range(30)]
-    again = shards.TokenizedShards(tokenized.text, synthetic_tokenizer, tokenized.directory)
+    again = TokenizedShards(tokenized.text, synthetic_tokenizer, tokenized.directory)
     restored = iter(data.training_batches(again, **settings))
     tf.train.Checkpoint(data=restored).read(path).assert_consumed()
     for a in expected:
@@ -223,7 +226,7 @@ class _Broken(shards.InMemoryShards):
 
 def test_a_writer_that_fails_ends_the_reader_with_its_error(synthetic_corpus, synthetic_tokenizer, tmp_path):
     text = _Broken(synthetic_corpus.text_pairs("train", 40), pairs_per_shard=10)
-    tokenized = shards.TokenizedShards(text, synthetic_tokenizer, str(tmp_path), seed=0)
+    tokenized = TokenizedShards(text, synthetic_tokenizer, str(tmp_path), seed=0)
     with pytest.raises(tf.errors.OpError, match="Tokenizing the training split failed: disk on fire"):
         _read(tokenized.dataset(), 40)
     tokenized.close()
@@ -255,11 +258,11 @@ def test_a_tfds_training_split_is_read_in_ranges_and_sampled_from_every_range(sy
 
 
 def test_progress_says_pairs_rate_and_time_left(capsys):
-    progress = shards.Progress("Tokenizing", 1000, every=0)
+    progress = Progress("Tokenizing", 1000, every=0)
     progress.update(250)
     line = capsys.readouterr().out
     assert line.startswith("Tokenizing: 250 pairs (25%), ") and " pairs/s, ETA " in line
-    shards.Progress("Reading", None, every=0).update(1200, 0.5)
+    Progress("Reading", None, every=0).update(1200, 0.5)
     assert "Reading: 1,200 pairs (50%)" in capsys.readouterr().out
 
 
@@ -277,10 +280,10 @@ def test_a_corpus_of_tens_of_megabytes_is_cut_in_a_few_megabytes(tmp_path, monke
 
     source, target = _numbered_files(tmp_path / "corpus", 250_000, width=70)  # 20 MB a side
     assert os.path.getsize(source) > 20e6
-    monkeypatch.setattr(shards, "_READ_BYTES", 256 << 10)
+    monkeypatch.setattr(cut, "_READ_BYTES", 256 << 10)
     tracemalloc.start()
     try:
-        text = shards.cut_text_files(source, target, str(tmp_path / "cut"), sample_size=100, pairs_per_shard=100_000)
+        text = cut.cut_text_files(source, target, str(tmp_path / "cut"), sample_size=100, pairs_per_shard=100_000)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -294,8 +297,8 @@ def test_the_tokenizer_sample_is_uniform_over_the_files_read_in_many_blocks(tmp_
 
     count, size = 40_000, 2_000
     source, target = _numbered_files(tmp_path / "corpus", count)
-    monkeypatch.setattr(shards, "_READ_BYTES", 4096)  # about 400 lines a block: 100 blocks
-    sample = shards.cut_text_files(source, target, str(tmp_path / "cut"), sample_size=size, seed=3).sample()
+    monkeypatch.setattr(cut, "_READ_BYTES", 4096)  # about 400 lines a block: 100 blocks
+    sample = cut.cut_text_files(source, target, str(tmp_path / "cut"), sample_size=size, seed=3).sample()
     indices = [int(s.split()[0]) for s, _ in sample]
     assert len(set(indices)) == size and all(s.split()[0] == t.split()[0] for s, t in sample)
     deciles = np.bincount(np.array(indices) * 10 // count, minlength=10)
@@ -305,7 +308,7 @@ def test_the_tokenizer_sample_is_uniform_over_the_files_read_in_many_blocks(tmp_
 def test_an_interrupted_cut_is_made_again_and_changed_files_of_the_same_size_are_refused(tmp_path, monkeypatch):
     source, target = _numbered_files(tmp_path / "corpus", 1000)
     directory = str(tmp_path / "cut")
-    reservoir_add = shards._Reservoir.add
+    reservoir_add = cut._Reservoir.add
     blocks = []
 
     def killed_on_the_fourth_block(self, *args):
@@ -314,13 +317,13 @@ def test_an_interrupted_cut_is_made_again_and_changed_files_of_the_same_size_are
             raise KeyboardInterrupt  # as a kill leaves it: shards written, no index.json
         return reservoir_add(self, *args)
 
-    monkeypatch.setattr(shards, "_READ_BYTES", 1024)
-    monkeypatch.setattr(shards._Reservoir, "add", killed_on_the_fourth_block)
+    monkeypatch.setattr(cut, "_READ_BYTES", 1024)
+    monkeypatch.setattr(cut._Reservoir, "add", killed_on_the_fourth_block)
     with pytest.raises(KeyboardInterrupt):
-        shards.cut_text_files(source, target, directory, pairs_per_shard=100)
+        cut.cut_text_files(source, target, directory, pairs_per_shard=100)
     assert not os.path.exists(os.path.join(directory, "index.json")) and os.path.exists(os.path.join(directory, "shard-00001.src"))
-    monkeypatch.setattr(shards._Reservoir, "add", reservoir_add)
-    text = shards.cut_text_files(source, target, directory, pairs_per_shard=100)
+    monkeypatch.setattr(cut._Reservoir, "add", reservoir_add)
+    text = cut.cut_text_files(source, target, directory, pairs_per_shard=100)
     assert text.shard_sizes == [100] * 10
     assert _streamed(text) == data.read_parallel_files(source, target)
 
@@ -330,10 +333,10 @@ def test_an_interrupted_cut_is_made_again_and_changed_files_of_the_same_size_are
     with open(target, "wb") as f:
         f.write(content)
     os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))
-    assert shards.cut_text_files(source, target, directory, pairs_per_shard=100).shard_sizes == [100] * 10
+    assert cut.cut_text_files(source, target, directory, pairs_per_shard=100).shard_sizes == [100] * 10
     # An edit that keeps the size is not.
     with open(target, "wb") as f:
         f.write(content.replace(b"7 de", b"8 de", 1))
     os.utime(target, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
     with pytest.raises(ValueError, match="the training files changed since this run started"):
-        shards.cut_text_files(source, target, directory, pairs_per_shard=100)
+        cut.cut_text_files(source, target, directory, pairs_per_shard=100)

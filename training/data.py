@@ -18,7 +18,8 @@ import os
 import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
-from training import shards, synthetic
+from training import files, shards, synthetic
+from training.cut import cut_text_files
 
 TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 
@@ -68,7 +69,7 @@ class Corpus:
         sources write nothing, and are split into at least `shares` shards (one for each
         process that reads a share of them) where they have that many pairs."""
         if self.train_files:
-            return shards.cut_text_files(*self.train_files, directory, sample_size, seed, pairs_per_shard, cut)
+            return cut_text_files(*self.train_files, directory, sample_size, seed, pairs_per_shard, cut)
         if self.tfds_builder is not None:
             size = _shard_size(self.tfds_builder.info.splits["train"].num_examples, pairs_per_shard, shares)
             return shards.TfdsShards(self.tfds_builder, self.source_lang, self.target_lang, sample_size, size)
@@ -158,21 +159,21 @@ def read_parallel_files(source_path, target_path):
 
 def _read_lines(path):
     """The lines of a file, split at \\n and stripped of white space at both ends, as the
-    training split's are (`shards.cut_text_files`)."""
-    with shards.open_text(path) as f:
+    training split's are (`training.cut.cut_text_files`)."""
+    with files.open_text(path) as f:
         raw_lines = f.readlines()
     if not raw_lines:
         raise ValueError(f"{path} is empty.")
-    shards.check_utf8(b"".join(raw_lines), path, 1)
+    files.check_utf8(b"".join(raw_lines), path, 1)
     return [line.strip().decode("utf-8") for line in raw_lines]
 
 
 def _first_pairs(source_path, target_path, limit):
     """The first `limit` pairs of two files (all if None), streamed."""
-    with shards.open_text(source_path) as source, shards.open_text(target_path) as target:
+    with files.open_text(source_path) as source, files.open_text(target_path) as target:
         lines = list(itertools.islice(zip(source, target), limit))
     for side, path in enumerate((source_path, target_path)):
-        shards.check_utf8(b"".join(pair[side] for pair in lines), path, 1)
+        files.check_utf8(b"".join(pair[side] for pair in lines), path, 1)
     return [(s.strip().decode("utf-8"), t.strip().decode("utf-8")) for s, t in lines]
 
 
@@ -208,7 +209,7 @@ SCHEDULE_SHARDS_PER_SHARE, SCHEDULE_PAIRS_PER_SHARD = 4, 256
 
 def bucket_schedule(text, tokenizer, *, batch_tokens, max_length, num_shares):
     """The `BucketSchedule` of the shares of `text` (`shards.TextShards`) that `num_shares`
-    processes read (share p: the shards i with i % num_shares == p, as `shards.TokenizedShards`).
+    processes read (share p: the shards i with i % num_shares == p, as `tokenized.TokenizedShards`).
 
     The same in every process: it counts the bucket lengths of the first
     SCHEDULE_PAIRS_PER_SHARD pairs of SCHEDULE_SHARDS_PER_SHARE shards spread over each share.
@@ -251,7 +252,7 @@ def rows_per_batch(length, batch_tokens, batch_multiple=1):
 def training_batches(tokenized, *, batch_tokens, max_length, batch_multiple=1, shuffle_buffer=20000, schedule=None):
     """Endless, shuffled, length-bucketed batches of the training split.
 
-    `tokenized` is a `shards.TokenizedShards`, whose seed orders and shuffles its pairs (with a
+    `tokenized` is a `tokenized.TokenizedShards`, whose seed orders and shuffles its pairs (with a
     buffer of `shuffle_buffer`: the shards hold the corpus in its own order). Each batch pads
     every sentence to its bucket's length L (from `bucket_lengths`) and holds about
     `batch_tokens` source and `batch_tokens` target tokens (the paper: 25,000 each), so the

@@ -8,7 +8,7 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
                              flags and Keras backend (`RESUMED`)
     DIR/tokenizer.model      the SentencePiece model
     DIR/data/text/           a folder's training files cut into shards, and the tokenizer's
-                             sample (training/shards.py; TFDS and synthetic corpora need none)
+                             sample (training/cut.py; TFDS and synthetic corpora need none)
     DIR/data/tokenized-HASH/ the training split tokenized by the tokenizer of that hash, one
                              TFRecord file per shard, written while the first epoch trains
     DIR/checkpoints/         model, optimizer, step and data position: tf.train.Checkpoint files
@@ -42,7 +42,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from training import data, shards
+from training import data, files
 from training.tokenizer import Tokenizer
 
 # How a resume treats a setting (training.json's, or a field of config.json) that differs from the
@@ -99,9 +99,9 @@ class RunFolder:
     def write_json(self, path, values):
         """Writes aside and renames: a crash leaves the old file or the new one, never half of one."""
         tf.io.gfile.makedirs(os.path.dirname(path))
-        with tf.io.gfile.GFile(shards.aside(path), "w") as f:
+        with tf.io.gfile.GFile(files.aside(path), "w") as f:
             json.dump(values, f, indent=2, sort_keys=True)
-        tf.io.gfile.rename(shards.aside(path), path, overwrite=True)
+        tf.io.gfile.rename(files.aside(path), path, overwrite=True)
 
     def config(self):
         return TransformerConfig.from_dict(self._read_json(self.config_path))
@@ -194,7 +194,7 @@ class RunFolder:
         return self.checkpoint_dir if worker == 0 else os.path.join(self.checkpoint_dir, f"worker-{worker}")
 
     def tokenized_dir(self, tokenizer):
-        """Where the training split tokenized by `tokenizer` is kept (`shards.TokenizedShards`)."""
+        """Where the training split tokenized by `tokenizer` is kept (`tokenized.TokenizedShards`)."""
         digest = hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]
         return os.path.join(self.path, "data", f"tokenized-{digest}")
 

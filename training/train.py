@@ -30,9 +30,10 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.config import PRESETS  # noqa: E402
-from training import backends, data, evaluate, shards, supervisor  # noqa: E402
+from training import backends, data, evaluate, files, shards, supervisor  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
+from training.tokenized import TokenizedShards  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 
@@ -114,7 +115,7 @@ def get_tokenizer(run, text, vocab_size, is_chief):
     training split that `text` (`shards.TextShards`) drew (by the chief, which the other
     processes wait for)."""
     if not is_chief:
-        shards.wait_for(run.tokenizer_path, "process 0 to train the tokenizer")
+        files.wait_for(run.tokenizer_path, "process 0 to train the tokenizer")
     if not tf.io.gfile.exists(run.tokenizer_path):
         start = time.perf_counter()
         pairs = text.sample()
@@ -123,8 +124,8 @@ def get_tokenizer(run, text, vocab_size, is_chief):
         tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size))
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
         tf.io.gfile.makedirs(run.path)
-        tokenizer.save(shards.aside(run.tokenizer_path))
-        tf.io.gfile.rename(shards.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
+        tokenizer.save(files.aside(run.tokenizer_path))
+        tf.io.gfile.rename(files.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
         return tokenizer
     return run.load_tokenizer()
 
@@ -168,7 +169,7 @@ def train(args, strategy=None):
     backend.compile(args.label_smoothing, jit_compile=not args.no_xla)
     # The first epoch tokenizes the split into shards while training reads them; each process
     # its own share. Several processes agree on each batch's bucket through a schedule.
-    tokenized = shards.TokenizedShards(text, tokenizer, run.tokenized_dir(tokenizer), args.seed, backend.process_index,
+    tokenized = TokenizedShards(text, tokenizer, run.tokenized_dir(tokenizer), args.seed, backend.process_index,
                                        backend.num_processes, show_progress=backend.is_chief)  # fmt: skip
     bucket_schedule = None
     batch_tokens = args.batch_tokens // backend.num_processes  # this process' rows of each global batch

@@ -22,7 +22,7 @@ class Backend:
     is_chief: whether this process writes checkpoints, logs and metrics.
     num_replicas: devices the global batch is split over.
     process_index, num_processes: which of the processes that read the training data in
-        shares this one is (its share: `shards.TokenizedShards(..., process_index, num_processes)`).
+        shares this one is (its share: `tokenized.TokenizedShards(..., process_index, num_processes)`).
     local_replicas: devices this process' rows of a batch are split over; its batches' sizes
         are multiples of it.
     """
