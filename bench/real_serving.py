@@ -8,13 +8,16 @@ decode the same).
 
 The run is exported as `python -m export` does (once per --beam-sizes: 4 is the paper's beam
 search with alpha 0.6, 1 greedy; a beam search once per --stopping rule: "exact", the default,
-and "first_k", CTranslate2's own rule, so that one row compares the same search) and converted
-for CTranslate2 (`bench/ctranslate2_reference.py`, float32). Each measurement is a fresh process that translates every test sentence (or the first
---limit) in file order, in batches of --batch-sizes, and times that whole pass after a warm-up:
+and "first_k", CTranslate2's own rule, so that one row compares the same search; and once per
+--exports kind: "default", no XLA, and "xla", `python -m export --xla`) and converted for
+CTranslate2 (`bench/ctranslate2_reference.py`, float32). Each measurement is a fresh process that
+translates every test sentence (or the first --limit) in file order, in batches of
+--batch-sizes, and times that whole pass after a warm-up; at batch 1 it also gives the 50th and
+95th percentiles of a request's latency:
 
-- ours: the SavedModel's `serving_default` signature (SentencePiece in the graph, no XLA), under
-  the README's TF Serving threads (`export.serving.use_serving_threads`), after TF Serving's
-  warm-up requests;
+- ours: the SavedModel's `serving_default` signature (SentencePiece in the graph), under the
+  README's TF Serving threads (`export.serving.use_serving_threads`), after TF Serving's warm-up
+  requests (for the XLA export, those compile every shape it compiles);
 - CTranslate2: SentencePiece in Python (the same model file), `translate_batch` with the same beam
   size, its length penalty `length ** alpha` (ours is GNMT's `((5 + length) / 6) ** alpha`, so
   their beams may rank a few hypotheses differently), `source length + 50` tokens at most, one
@@ -36,6 +39,8 @@ import time
 from training.quiet import quiet_tensorflow
 
 quiet_tensorflow()
+
+import numpy as np  # noqa: E402
 
 from bench.common import emit, peak_rss_mb, run_isolated  # noqa: E402
 
@@ -83,13 +88,14 @@ def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_si
 
 def _timed_pass(translate, sentences, batch):
     """Translates `sentences` in batches of `batch`, in order, once to warm up and once timed;
-    returns the timed pass's translations and seconds."""
+    returns the timed pass's translations and each request's seconds."""
     translate(sentences[:batch])
-    start = time.perf_counter()
-    translations = []
+    translations, seconds = [], []
     for begin in range(0, len(sentences), batch):
+        start = time.perf_counter()
         translations += translate(sentences[begin : begin + batch])
-    return translations, time.perf_counter() - start
+        seconds.append(time.perf_counter() - start)
+    return translations, seconds
 
 
 def worker(args):
@@ -107,15 +113,20 @@ def worker(args):
         translations, seconds = measure_ctranslate2(args.ctranslate2_dir, os.path.join(args.export_dir, "assets", "sentencepiece.model"),
                                                     sources, args.batch, decoding["beam_size"], decoding["alpha"],
                                                     decoding["max_length_b"])  # fmt: skip
+    latency = {}
+    if args.batch == 1:
+        latency = {f"p{p}_ms": round(1000 * float(np.percentile(seconds, p)), 2) for p in (50, 95)}
     emit({
         "benchmark": "real_serving",
         "system": args.worker,
+        "export": "xla" if decoding.get("xla") else "default",
         "round": args.round,
         "beam_size": decoding["beam_size"],
         "stopping": decoding["stopping"],
         "batch": args.batch,
         "sentences": len(sources),
-        "sentences_per_s": round(len(sources) / seconds, 1),
+        "sentences_per_s": round(len(sources) / sum(seconds), 1),
+        **latency,
         "bleu": round(sacrebleu.corpus_bleu(translations, [references]).score, 2),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     })  # fmt: skip
@@ -127,6 +138,7 @@ def prepare(run_dir, scratch, args, exports=None):
     folder and the pairs' file."""
     from bench import ctranslate2_reference
     from bench.serving import export_search
+    from export.xla import CompiledShapes
     from keras_transformer.search import DecodingSettings
     from training.run_folder import RunFolder
 
@@ -135,12 +147,15 @@ def prepare(run_dir, scratch, args, exports=None):
     sentences = os.path.join(scratch, "test.jsonl")
     with open(sentences, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
-    if exports is None:  # {(beam size, stopping rule): export folder}; greedy search has no rule
+    if exports is None:  # {(beam size, stopping rule, kind): export folder}; greedy search has no rule
         exports = {}
         for size in args.beam_sizes:
             for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
-                base = os.path.join(scratch, f"beam{size}_{stopping}")
-                exports[size, stopping] = export_search(run_dir, base, args.max_length_b, beam_size=size, stopping=stopping)
+                for kind in args.exports:
+                    base = os.path.join(scratch, f"beam{size}_{stopping}_{kind}")
+                    shapes = CompiledShapes() if kind == "xla" else None
+                    exports[size, stopping, kind] = export_search(run_dir, base, args.max_length_b, compiled_shapes=shapes,
+                                                                  beam_size=size, stopping=stopping)  # fmt: skip
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
         return exports, None, sentences
@@ -150,7 +165,7 @@ def prepare(run_dir, scratch, args, exports=None):
 
 def compare(exports, ctranslate2_dir, sentences, args):
     for round_ in range(args.rounds):
-        for (beam_size, stopping), export_dir in exports.items():
+        for (beam_size, stopping, kind), export_dir in exports.items():
             for batch in args.batch_sizes:
                 systems = ["ours", "ctranslate2"] if round_ % 2 == 0 else ["ctranslate2", "ours"]
                 if ctranslate2_dir is None:
@@ -164,7 +179,8 @@ def compare(exports, ctranslate2_dir, sentences, args):
                 if ctranslate2_dir is None:
                     continue
                 ours, theirs = figures["ours"], figures["ctranslate2"]
-                emit({"benchmark": "real_serving_ratio", "round": round_, "beam_size": beam_size, "stopping": stopping, "batch": batch,
+                emit({"benchmark": "real_serving_ratio", "round": round_, "export": kind, "beam_size": beam_size,
+                      "stopping": stopping, "batch": batch,
                       "ratio": round(ours["sentences_per_s"] / theirs["sentences_per_s"], 3),
                       "bleu_ours": ours["bleu"], "bleu_ctranslate2": theirs["bleu"]})  # fmt: skip
 
@@ -175,7 +191,8 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="the smoke export, a few sentences, one round")
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--stopping", default="exact,first_k", help="beam search's stopping rules measured")
-    parser.add_argument("--batch-sizes", default="32,1")
+    parser.add_argument("--exports", default="default,xla", help="the exports measured: default (no XLA), xla")
+    parser.add_argument("--batch-sizes", default="32,8,1")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement runs, the systems alternating")
     parser.add_argument("--limit", type=int, help="the first N test sentences (default: all)")
     parser.add_argument("--max-length-b", type=int, help="as python -m export (default: its default)")
@@ -191,12 +208,13 @@ def main():
     args.beam_sizes = [int(size) for size in args.beam_sizes.split(",")]
     args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
     args.stopping = args.stopping.split(",")
+    args.exports = args.exports.split(",")
     with tempfile.TemporaryDirectory() as scratch:
         if args.smoke:  # the smoke export (beam 4, the exact rule), a few sentences, one round
             from bench import smoke
 
             args.limit, args.rounds, args.batch_sizes = 8, 1, [4]
-            compare(*prepare(smoke.run(scratch), scratch, args, {(4, "exact"): smoke.export(scratch)}), args)
+            compare(*prepare(smoke.run(scratch), scratch, args, {(4, "exact", "default"): smoke.export(scratch)}), args)
             return
         if not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")

@@ -18,6 +18,7 @@ quiet_tensorflow()
 
 from export.saved_model import PRECISIONS, export  # noqa: E402
 from export.serving import PARALLEL_SEARCHES  # noqa: E402
+from export.xla import CompiledShapes  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
 from training.evaluate import add_decoding_flags, decoding_settings  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
@@ -35,6 +36,13 @@ def main(argv=None):
     parser.add_argument("--searches", type=int, default=PARALLEL_SEARCHES,
                         help="independent searches a request's sentences are split between, run side by side "
                         "on separate cores (about one per core a request should use)")  # fmt: skip
+    parser.add_argument("--xla", action="store_true",
+                        help="compile serving_default's search by XLA for small requests (export/xla.py): for TF Serving "
+                        "started with --xla_cpu_compilation_enabled=true")  # fmt: skip
+    parser.add_argument("--xla-batch-sizes", type=_numbers, default=CompiledShapes.batch_sizes,
+                        help="with --xla: the batch sizes compiled, comma-separated")
+    parser.add_argument("--xla-source-lengths", type=_numbers, default=CompiledShapes.source_lengths,
+                        help="with --xla: the source lengths compiled (pieces), comma-separated")
     parser.add_argument("--precision", default="float32", choices=PRECISIONS,
                         help="the weights' and matmuls' dtype: bfloat16 for CPUs with AVX-512 BF16 or AMX, float16 for "
                         "GPUs (softmax, logits and scores stay float32)")  # fmt: skip
@@ -42,11 +50,19 @@ def main(argv=None):
     try:
         tokenizer = RunFolder(args.run_dir).load_tokenizer() if args.suppress_sequences else None
         settings = decoding_settings(args, tokenizer, alignment_layer=args.alignment_layer)
+        shapes = CompiledShapes(args.xla_batch_sizes, args.xla_source_lengths) if args.xla else None
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
-                        searches=args.searches, precision=args.precision)  # fmt: skip
+                        searches=args.searches, precision=args.precision, compiled_shapes=shapes)  # fmt: skip
     except ValueError as error:
         sys.exit(f"error: {error}")
     print(f"Exported to {target}")
+
+
+def _numbers(text):
+    try:
+        return tuple(int(number) for number in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -48,30 +48,52 @@ WARMUP_SIGNATURES = {
 }  # fmt: skip
 
 
-def write_warmup_requests(path, tokenizer, max_source_length, beam_size, seed=0):
+def write_warmup_requests(path, tokenizer, max_source_length, beam_size, seed=0, compiled_shapes=None):
     """Writes `path`: for each signature of `WARMUP_SIGNATURES`, one `PredictionLog` record per
     batch size of `WARMUP_BATCH_SIZES`, a request of made-up sentences (random pieces of the
     vocabulary, of lengths up to the model's `max_source_length`); beam sizes at most the
-    export's `beam_size`."""
+    export's `beam_size`. With `compiled_shapes` (an XLA export), `serving_default` also gets a
+    request of each compiled shape, so that the server compiles them all before it serves."""
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     rng = np.random.default_rng(seed)
+    requests = [(signature, batch, (1, max_source_length)) for signature in WARMUP_SIGNATURES
+                for batch in WARMUP_BATCH_SIZES]  # fmt: skip
+    if compiled_shapes is not None:
+        lengths = compiled_shapes.source_lengths
+        requests += [("serving_default", batch, (lengths[i - 1] + 1 if i else 1, length))
+                     for batch in compiled_shapes.batch_sizes for i, length in enumerate(lengths)]  # fmt: skip
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.TFRecordWriter(path) as writer:
-        for signature, inputs in WARMUP_SIGNATURES.items():
-            for batch in WARMUP_BATCH_SIZES:
-                lengths = rng.integers(1, max_source_length, size=batch)
-                ids = tf.ragged.constant([rng.integers(4, tokenizer.vocab_size, size=n).tolist() for n in lengths])
-                text = tokenizer.detokenize(ids).numpy()
-                request = predict_pb2.PredictRequest()
-                request.model_spec.signature_name = signature
-                request.inputs["text"].CopyFrom(tf.make_tensor_proto(text, dtype=tf.string))
-                for name, value in inputs.items():  # the same value for each sentence
-                    value = min(value, beam_size) if name == "beam_size" else value
-                    values = text if value is None else np.stack([value] * batch)
-                    request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
-                log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-                writer.write(log.SerializeToString())
+        for signature, batch, longest in requests:
+            inputs = WARMUP_SIGNATURES[signature]
+            text = _made_up_text(tokenizer, rng, batch, *longest)
+            request = predict_pb2.PredictRequest()
+            request.model_spec.signature_name = signature
+            request.inputs["text"].CopyFrom(tf.make_tensor_proto(text, dtype=tf.string))
+            for name, value in inputs.items():  # the same value for each sentence
+                value = min(value, beam_size) if name == "beam_size" else value
+                values = text if value is None else np.stack([value] * batch)
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+
+
+def _made_up_text(tokenizer, rng, batch, low, high):
+    """`batch` sentences of random pieces whose longest source (`encode_source`: its pieces and
+    the end of sentence) has `low` to `high` pieces. Text of n pieces may read back as a few more
+    or fewer, so each draw is checked."""
+    def source_lengths(text):
+        return tokenizer.encode_source(tf.constant(text)).row_lengths().numpy()
+
+    for _ in range(1000):
+        lengths = rng.integers(1, high, size=batch)  # pieces, before the end of sentence
+        lengths[rng.integers(batch)] = rng.integers(max(low - 1, 1), high)
+        ids = tf.ragged.constant([rng.integers(4, tokenizer.vocab_size, size=n).tolist() for n in lengths])
+        text = tokenizer.detokenize(ids).numpy()
+        if low <= source_lengths(text).max() <= high:
+            return text
+    raise RuntimeError(f"No made-up text of {low} to {high} pieces in 1000 draws.")
 
 
 # The dtypes an export's weights and matmuls may have: float32, bfloat16 for CPUs with bfloat16
@@ -107,11 +129,12 @@ def next_version(base):
 
 
 def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoint=None, searches=PARALLEL_SEARCHES,
-           precision="float32"):  # fmt: skip
+           precision="float32", compiled_shapes=None):  # fmt: skip
     """Exports the run's model (averaged checkpoint if it is the newest, else the latest, unless
     `checkpoint` names one) with `settings` to `base/<version>/`, its requests decoded by
     `searches` parallel searches (export/serving.py), its weights and matmuls in `precision`
-    (`in_precision`); returns that folder."""
+    (`in_precision`), requests of `compiled_shapes` (an `export.xla.CompiledShapes`) compiled by
+    XLA (None: no XLA); returns that folder."""
     if searches < 1:
         raise ValueError(f"--searches must be at least 1; got {searches}.")
     if keras.config.backend() != "tensorflow":
@@ -144,6 +167,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
             "searches": searches,
             "precision": precision,
             "max_source_length": model.config.max_length,
+            "xla": None if compiled_shapes is None else dataclasses.asdict(compiled_shapes),
             "checkpoint": checkpoint,
             **{key: metrics[key] for key in ("bleu", "chrf", "signature", "steps") if key in metrics},
         }
@@ -154,12 +178,13 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         tf.io.gfile.copy(run.config_path, os.path.join(assets, "config.json"))
         tf.io.gfile.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
-        translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches)
+        translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches,
+                                compiled_shapes=compiled_shapes)  # fmt: skip
         saved = os.path.join(staging, "model")
         signatures = {name: getattr(translator, method) for name, method in SIGNATURES.items()}
         tf.saved_model.save(translator, saved, signatures=signatures)
         write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length,
-                              settings.beam_size)
+                              settings.beam_size, compiled_shapes=compiled_shapes)  # fmt: skip
         os.rename(saved, target)  # atomic on one filesystem
     finally:
         shutil.rmtree(staging, ignore_errors=True)

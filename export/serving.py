@@ -133,9 +133,12 @@ class Translator(tf.Module):
         assets: files to carry in the SavedModel's assets (the SentencePiece model, config,
             metadata).
         searches: the independent searches a request's sentences are split between.
+        compiled_shapes: an `export.xla.CompiledShapes`: `translate` (`serving_default`) runs
+            requests of those shapes compiled by XLA (export/xla.py); None: no XLA.
     """
 
-    def __init__(self, model, tokenizer, settings=DecodingSettings(), assets=(), searches=PARALLEL_SEARCHES):
+    def __init__(self, model, tokenizer, settings=DecodingSettings(), assets=(), searches=PARALLEL_SEARCHES,
+                 compiled_shapes=None):  # fmt: skip
         super().__init__()
         self.model = model
         # The tf.Variables behind Keras 3's variables, tracked here so that the C++ loader (TF
@@ -146,6 +149,12 @@ class Translator(tf.Module):
         self.searches = searches
         self.assets = [tf.saved_model.Asset(path) for path in assets]
         object.__setattr__(self, "_search_functions", {})  # untracked: the signatures' graphs hold them
+        translate_ids = lambda ids: self._search(settings, ids)  # noqa: E731
+        if compiled_shapes is not None:
+            from export.xla import CompiledSearch
+
+            translate_ids = CompiledSearch(model, settings, compiled_shapes, fallback=translate_ids)
+        object.__setattr__(self, "_translate_ids", translate_ids)
         # Outputs of the `options` signature have at most the export's limit for its longest source.
         self.longest_output = int(settings.max_length_a * model.config.max_length) + settings.max_length_b
         defaults = [self._default(option) for option in OPTIONS]
@@ -154,7 +163,7 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[TEXT_SPEC])
     def translate(self, text):
-        result = self._search(self.settings, self._source_ids(text))
+        result = self._translate_ids(self._source_ids(text))
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
     @tf.function(input_signature=[TEXT_SPEC])
