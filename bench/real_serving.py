@@ -53,14 +53,16 @@ def measure_ours(export_dir, sentences, batch):
     from export.serving import use_serving_threads
 
     use_serving_threads()
+    start = time.perf_counter()
     loaded = tf.saved_model.load(export_dir)
     serve = loaded.signatures["serving_default"]
     replay_warmup_requests(export_dir, loaded)
+    ready = {"ready_s": round(time.perf_counter() - start, 1)}  # loaded and warmed up, as a server before it serves
 
     def translate(texts):
         return [t.decode("utf-8") for t in serve(text=tf.constant(texts))["translation"].numpy()]
 
-    return _timed_pass(translate, sentences, batch)
+    return (*_timed_pass(translate, sentences, batch), ready)
 
 
 def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_size, alpha, max_length_b):
@@ -83,7 +85,7 @@ def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_si
         )  # fmt: skip
         return pieces.decode([[ids[t] for t in result.hypotheses[0]] for result in results])
 
-    return _timed_pass(translate, sentences, batch)
+    return (*_timed_pass(translate, sentences, batch), {})
 
 
 def _timed_pass(translate, sentences, batch):
@@ -108,9 +110,9 @@ def worker(args):
     with open(os.path.join(args.export_dir, "assets", "metadata.json")) as f:
         decoding = json.load(f)
     if args.worker == "ours":
-        translations, seconds = measure_ours(args.export_dir, sources, args.batch)
+        translations, seconds, ready = measure_ours(args.export_dir, sources, args.batch)
     else:
-        translations, seconds = measure_ctranslate2(args.ctranslate2_dir, os.path.join(args.export_dir, "assets", "sentencepiece.model"),
+        translations, seconds, ready = measure_ctranslate2(args.ctranslate2_dir, os.path.join(args.export_dir, "assets", "sentencepiece.model"),
                                                     sources, args.batch, decoding["beam_size"], decoding["alpha"],
                                                     decoding["max_length_b"])  # fmt: skip
     latency = {}
@@ -127,6 +129,7 @@ def worker(args):
         "sentences": len(sources),
         "sentences_per_s": round(len(sources) / sum(seconds), 1),
         **latency,
+        **ready,
         "bleu": round(sacrebleu.corpus_bleu(translations, [references]).score, 2),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     })  # fmt: skip
