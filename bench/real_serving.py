@@ -163,7 +163,10 @@ def prepare(run_dir, scratch, args, exports=None):
         print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
         return exports, None, sentences
     model, _ = run.load_model()
-    return exports, ctranslate2_reference.convert(model, os.path.join(scratch, "ctranslate2")), sentences
+    directory = ctranslate2_reference.convert(model, os.path.join(scratch, "ctranslate2"))
+    print(f"CTranslate2 with CT2_USE_MKL={ctranslate2_reference.choose_backend(directory)} (the faster here).",
+          file=sys.stderr)  # fmt: skip
+    return exports, directory, sentences
 
 
 def compare(exports, ctranslate2_dir, sentences, args):

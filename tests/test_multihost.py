@@ -120,11 +120,11 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     assert not np.allclose(_weights(run_dir, 8)[0][1], _weights(run_dir, 24)[0][1])  # it trained
 
 
-def _kill_after_the_first_checkpoint(run_dir, corpus, killed):
-    """Starts two processes as the README does (`python -m training.train`), kills process
-    `killed` once the first checkpoint is complete; returns the survivor's output and exit status,
-    and the seconds it took to end."""
-    processes = _start_processes(run_dir, corpus, command=["-m", "training.train"])
+def _kill_after_the_first_checkpoint(run_dir, corpus, killed, *flags):
+    """Starts two processes as the README does (`python -m training.train`, with `flags`), kills
+    process `killed` once the first checkpoint is complete; returns the survivor's output and exit
+    status, and the seconds it took to end."""
+    processes = _start_processes(run_dir, corpus, *flags, command=["-m", "training.train"])
     deadline = time.monotonic() + LIMIT_SECONDS
     while not (run_dir / "checkpoints" / "ckpt-4" / "state.json").exists():
         assert time.monotonic() < deadline and processes[0].poll() is None, processes[0].communicate()[0][-4000:]
@@ -156,7 +156,7 @@ def _assert_one_clear_message(output, status, first_line, run_dir):
 def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
     run_dir = tmp_path / "run"
     # Process 0 hosts JAX's coordination service: the other ends at once.
-    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, corpus, killed=0)
+    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, corpus, 0)
     _assert_one_clear_message(
         output, status, "Lost process 0 of 2, which runs JAX's coordination service (--coordinator-address): it "
         "stopped answering, so process 1 ends too.", run_dir,
@@ -181,14 +181,12 @@ def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exact
 
 @pytest.mark.slow
 def test_a_killed_worker_process_ends_the_coordinator_clearly_within_the_heartbeat(tmp_path):
-    from training.backends.jax import HEARTBEAT_SECONDS
-
     # The built-in corpus, cut into a share a process. Process 0 learns that process 1 is gone
     # from a failed collective or, at the latest, from the missed heartbeats of JAX's
     # coordination service.
-    run_dir = tmp_path / "run"
-    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, None, killed=1)
-    assert seconds < HEARTBEAT_SECONDS + 30, f"process 0 ended {seconds:.0f} s after process 1 was killed"
+    run_dir, heartbeat = tmp_path / "run", 10
+    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, None, 1, "--heartbeat-seconds", str(heartbeat))
+    assert seconds < heartbeat + 30, f"process 0 ended {seconds:.0f} s after process 1 was killed"
     first = output.rstrip().splitlines()[-3]
     heartbeats = "Lost process 1 of 2: it stopped sending heartbeats to JAX's coordination service, so process 0 ends too."
     collective = (r"The (barrier '.+'|training steps' gradient all-reduce|broadcast of process 0's training time) failed "

@@ -82,6 +82,8 @@ def parse_args(argv=None):
         "slice (JAX finds the rest), else their number, with --coordinator-address and --process-id")
     add("--coordinator-address", help="JAX across hosts: HOST:PORT of process 0, reachable from the others")
     add("--process-id", type=int, help="JAX across hosts: this process' index, 0 to --processes - 1")
+    add("--heartbeat-seconds", type=int, help="JAX across hosts: how long a silent process is waited for before the "
+        "others end (JAX's heartbeat; default: training/backends/jax.py's HEARTBEAT_SECONDS)")
     add("--mixed-precision", action="store_true", help="bfloat16 (TensorFlow on GPU: float16 with loss scaling)")
     add("--no-xla", action="store_true", help="run the step without XLA (for comparison)")
     add("--no-evaluate", action="store_true", help="skip the test evaluation at the end")
@@ -94,7 +96,7 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, value)
     positive = ("steps", "batch_tokens", "warmup_steps", "vocab_size", "max_length", "steps_per_call", "checkpoint_every",
-                "max_minutes", "tokenizer_sample")  # fmt: skip
+                "max_minutes", "tokenizer_sample", "heartbeat_seconds")  # fmt: skip
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -141,7 +143,8 @@ def train(args, strategy=None):
     processes = None
     if args.processes != "1":
         processes = {"coordinator_address": args.coordinator_address, "process_id": args.process_id,
-                     "num_processes": None if args.processes == "auto" else int(args.processes)}  # fmt: skip
+                     "num_processes": None if args.processes == "auto" else int(args.processes),
+                     **({"heartbeat_seconds": args.heartbeat_seconds} if args.heartbeat_seconds else {})}  # fmt: skip
     backend = backends.create(args.strategy, strategy, mixed_precision=args.mixed_precision, processes=processes)
 
     def say(message):  # one process speaks for all

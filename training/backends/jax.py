@@ -47,21 +47,23 @@ from training.supervisor import LostProcess
 # The batch fields the step reads (`dropped_pairs` is read on the host).
 STEP_INPUTS = ("source", "target_input", "target_output")
 STRATEGIES = ("auto", "tpu", "cpu")
-# A process that stops answering for this long ends the others (JAX's default is 100 s).
+# A process that stops answering for this long ends the others (JAX's default is 100 s;
+# `--heartbeat-seconds`).
 HEARTBEAT_SECONDS = 60
 # How a collective's error reads when a peer is gone (gloo on CPUs, the coordination service).
 PEER_LOST = re.compile(r"gloo|connection|socket|peer|unavailable|deadline", re.IGNORECASE)
 
 
-def initialize_processes(coordinator_address=None, num_processes=None, process_id=None):
+def initialize_processes(coordinator_address=None, num_processes=None, process_id=None, heartbeat_seconds=HEARTBEAT_SECONDS):
     """Joins JAX's multi-controller runtime, before JAX touches a device.
 
-    On Cloud TPU every argument may be None: JAX finds them itself. Elsewhere give all three
-    (the coordinator is process 0's HOST:PORT, which the others can reach). CPU devices reduce
-    over gloo. If a process dies, the others end with an error within HEARTBEAT_SECONDS.
+    On Cloud TPU the first three arguments may be None: JAX finds them itself. Elsewhere give all
+    three (the coordinator is process 0's HOST:PORT, which the others can reach). CPU devices
+    reduce over gloo. If a process dies, the others end with an error within `heartbeat_seconds`
+    (training/supervisor.py says so clearly).
     """
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
+    jax.distributed.initialize(coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_seconds)
 
 
 def training_devices(strategy_name="auto"):
