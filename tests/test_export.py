@@ -1,3 +1,4 @@
+import functools
 import io
 import json
 import os
@@ -493,12 +494,19 @@ def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming
 def _cpu_kernel_for(node):
     """Whether TensorFlow (or tf-text, imported by the project) registers a CPU kernel (or one
     for every device) for the node's op whose type constraints its dtype attributes meet."""
+    types = {name: frozenset(_types_of(value)) for name, value in node.attr.items()}
+    return _has_cpu_kernel(node.op, frozenset(types.items()))
+
+
+@functools.cache
+def _has_cpu_kernel(op, types):
     from tensorflow.python.framework import kernels
 
-    for kernel in kernels.get_registered_kernels_for_op(node.op).kernel:
+    types = dict(types)
+    for kernel in kernels.get_registered_kernels_for_op(op).kernel:
         if kernel.device_type not in ("CPU", "DEFAULT"):
             continue
-        if all(_types_of(node.attr[c.name]) <= set(c.allowed_values.list.type) for c in kernel.constraint if c.name in node.attr):
+        if all(types[c.name] <= set(c.allowed_values.list.type) for c in kernel.constraint if c.name in types):
             return True
     return False
 
