@@ -32,12 +32,23 @@ def _weights(path, config):
     return [(weight.name, weight.numpy()) for weight in model.weights]
 
 
-def _assert_same_weights(first, second, config):
+def _assert_same_weights(first, second, config, steps=3):
+    """The weights after `steps` of backend_worker's `step` (warm-up 10) agree to 1e-4, but for
+    Adam's steps on float noise.
+
+    Adam moves a weight by about the learning rate a step whatever the size of its gradient, so
+    where a gradient is float noise the two backends may step apart by up to twice the learning
+    rates: everywhere in a key bias (no gradient in exact arithmetic: softmax ignores a shift of
+    all scores), and at a rare element of another weight (seen: 1 of 1,024 of a query kernel)."""
+    from training.schedule import TransformerSchedule
+
+    schedule = TransformerSchedule(config.d_model, warmup_steps=10)
+    noise = 2 * sum(float(schedule(step)) for step in range(steps))  # the updates at iterations 0 to steps - 1
     for (name, a), (_, b) in zip(_weights(first, config), _weights(second, config)):
-        # A key bias has no gradient in exact arithmetic (softmax ignores a shift of all scores),
-        # so Adam turns float noise into steps of up to the learning rate there, either way.
-        atol = 1e-2 if name.endswith("key_bias") else 1e-4
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol, err_msg=name)
+        np.testing.assert_allclose(a, b, rtol=0, atol=noise, err_msg=name)
+        if not name.endswith("key_bias"):
+            close = np.isclose(a, b, rtol=1e-4, atol=1e-4)
+            assert close.mean() >= 0.99, (name, np.abs(a - b)[~close])
 
 
 @pytest.fixture(scope="module")
