@@ -13,6 +13,13 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 # paper) is the recipe measured there (bench/README.md): Wu et al.'s (2021) narrow 4 + 4 layers
 # with high dropout, which in 20-minute probes took twice small's steps a minute and led it by
 # 5.7 val BLEU.
+#
+# base and big's `batch_tokens` is an update's: on fewer than the paper's 8 GPUs (3,125 tokens
+# each a step), `training.train --accumulate-steps N` makes each update from N batches of
+# 25,000 / N tokens, as one. The paper's per-device batch, 25,000 / (devices * N) = 3,125:
+#     devices           1   2   4   8  (GPUs, or TPU chips: a v5e-1, a v4-8's 4 chips, a v5e-8)
+#     --accumulate-steps 8   4   2   1
+# A device with memory to spare (a TPU v5e's 16 GB in bfloat16) may take a smaller N.
 PRESETS = {
     "tiny": {
         "model": dict(num_layers=2, d_model=128, num_heads=4, d_ff=512),

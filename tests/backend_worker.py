@@ -1,11 +1,15 @@
 """Runs under either Keras backend, in its own process (tests choose KERAS_BACKEND and XLA_FLAGS):
 
-    step IN_WEIGHTS BATCH STEPS OUT [POLICY [DEVICES]]
-                                           train STEPS steps of the product's backend step on one
-                                           batch (npz) from weights in IN_WEIGHTS (.weights.h5),
-                                           under a Keras dtype POLICY (default float32), over the
-                                           first DEVICES host devices (JAX; default all); write
-                                           OUT.weights.h5 and OUT.json (losses, replicas)
+    step IN_WEIGHTS BATCH STEPS OUT [POLICY [DEVICES [ACCUMULATE [OPTIMIZER]]]]
+                                           train STEPS updates of the product's backend step on
+                                           the batch (npz: fields), or the batches (npz: "i/field")
+                                           in turn, from weights in IN_WEIGHTS (.weights.h5), under
+                                           a Keras dtype POLICY (default float32), over the first
+                                           DEVICES host devices (JAX; default all), ACCUMULATE
+                                           batches an update (default 1), with Adam or SGD
+                                           (OPTIMIZER; either on the schedule of warm-up 10);
+                                           write OUT.weights.h5 and OUT.json (losses, replicas,
+                                           the optimizer's iterations)
     translate RUN_DIR SOURCES_JSON         greedy and beam search of the run's model, compiled for
                                            the backend, on sentences; prints JSON
     decode WEIGHTS SOURCES_NPY             greedy and beam 4 search of the model in WEIGHTS
@@ -18,6 +22,8 @@
     crash-mid-save RUN_DIR ...FLAGS        train with FLAGS but fail while writing the second
                                            checkpoint; prints the checkpoints left
     train ...FLAGS, evaluate ...FLAGS      training.train's and training.evaluate's main
+    clocked RUN_DIR SECONDS ...FLAGS       training.train on a fake clock, each call of training
+                                           steps SECONDS long; prints its checkpoints' steps
     remote RUN_DIR ...FLAGS                train 4 steps, then on to 8 (resuming), and average, in a
                                            run folder on a non-POSIX filesystem (ram://); prints JSON
     two-shares RUN_DIR ...FLAGS            train with FLAGS in this one process on global batches
@@ -30,6 +36,7 @@
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import sys
@@ -48,25 +55,38 @@ from training.tokenized import TokenizedShards
 from training.train import parse_args, train
 
 
-def step(weights_path, batch_path, steps, out, policy="float32", devices=None):
+def step(weights_path, batch_path, steps, out, policy="float32", devices=None, accumulate_steps=1, optimizer="adam"):
     with open(weights_path.replace(".weights.h5", ".json")) as f:
         config = TransformerConfig.from_dict(json.load(f))
     keras.mixed_precision.set_global_policy(policy)  # mixed_float16 gets loss scaling (TensorFlow)
     with first_devices(devices):
         backend = backends.create("cpu")
-    backend.build(config, lambda: paper_optimizer(TransformerSchedule(config.d_model, warmup_steps=10)))
+    schedule = TransformerSchedule(config.d_model, warmup_steps=10)
+    make = {"adam": lambda: paper_optimizer(schedule), "sgd": lambda: keras.optimizers.SGD(schedule)}[optimizer]
+    backend.build(config, make)
     backend.model.load_weights(weights_path)
-    backend.compile(label_smoothing=0.1)
-    with np.load(batch_path) as saved:
-        batch = {name: saved[name] for name in saved.files}
-    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+    backend.compile(label_smoothing=0.1, accumulate_steps=int(accumulate_steps))
+    iterator = iter(batches_in_turn(batch_path))
     losses = [backend.train_steps(iterator, 1)[0] for _ in range(int(steps))]
     backend.sync_model()
     backend.model.save_weights(out + ".weights.h5")
     with open(out + ".json", "w") as f:
         json.dump({"losses": losses, "replicas": backend.num_replicas, "backend": backend.name,
-                   "optimizer": type(backend.optimizer).__name__}, f)  # fmt: skip
+                   "optimizer": type(backend.optimizer).__name__, "iterations": backend.step}, f)  # fmt: skip
     keras.mixed_precision.set_global_policy("float32")
+
+
+def batches_in_turn(path):
+    """A dataset of the batch in `path` (npz of its fields) repeated, or of its batches ("i/field")
+    in turn, round after round."""
+    with np.load(path) as saved:
+        fields = {name: saved[name] for name in saved.files}
+    if "0/source" not in fields:
+        return tf.data.Dataset.from_tensors(fields).repeat()
+    count = len({name.split("/")[0] for name in fields})
+    batches = [{name.split("/")[1]: value for name, value in fields.items() if name.startswith(f"{i}/")} for i in range(count)]
+    signature = {name: tf.TensorSpec([None] * value.ndim, value.dtype) for name, value in batches[0].items()}
+    return tf.data.Dataset.from_generator(lambda: itertools.cycle(batches), output_signature=signature)
 
 
 @contextlib.contextmanager
@@ -189,6 +209,21 @@ def crash_mid_save(run_dir, *flags):
     print(json.dumps(sorted(os.listdir(os.path.join(run_dir, "checkpoints")))))
 
 
+def clocked(run_dir, seconds_per_call, *flags):
+    """training.train's main with a fake clock on which each call of training steps takes
+    `seconds_per_call` (keep every checkpoint: --keep-checkpoints); prints the steps of the
+    checkpoints in the run folder."""
+    from training import train as training
+
+    ticks = itertools.count()  # read before and after each call
+    real, training.clock = training.clock, lambda: next(ticks) * float(seconds_per_call)
+    try:
+        training.main(["--run-dir", run_dir, *flags])
+    finally:
+        training.clock = real
+    print(json.dumps([step for step, _ in RunFolder(run_dir).checkpoints()]))
+
+
 def remote(run_dir, *flags):
     from training.average_checkpoints import average_checkpoints
 
@@ -243,6 +278,7 @@ def session(commands):
 
 
 COMMANDS = {"step": step, "decode": decode, "translate": translate, "crash-mid-save": crash_mid_save, "remote": remote,
+            "clocked": clocked,
             "two-shares": two_shares, "session": session, "train": lambda *argv: train(parse_args(list(argv))),
             "evaluate": lambda *argv: evaluate.main(list(argv))}  # fmt: skip
 

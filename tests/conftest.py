@@ -1,5 +1,6 @@
 """Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, JAX's
-compilation cache for the JAX processes that tests start, the slow tests first."""
+compilation cache for the JAX processes that tests start, the slow tests first; what the
+TensorFlow and the JAX checks of one feature share."""
 
 import json
 import os
@@ -15,6 +16,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from bench.smoke import MECHANICS  # noqa: E402
 
 # Must happen before TensorFlow initialises its devices: tests of MirroredStrategy need two.
 tf.config.set_logical_device_configuration(
@@ -111,6 +114,55 @@ def run_under(backend, *args, devices=1):
     result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
+
+
+# For the TensorFlow and the JAX check of checkpoints by time (backend_worker.py's clocked): calls
+# of 2 steps, each a minute long on a fake clock: the step rule saves at 8 and at the end
+# (12), the clock's rule after 3 and 5 calls (2.5 and 5 minutes passed).
+CLOCKED = ["60", *MECHANICS, "--steps", "12", "--steps-per-call", "2", "--checkpoint-every", "8",
+           "--checkpoint-every-minutes", "2.5", "--keep-checkpoints", "10", "--no-evaluate"]  # fmt: skip
+CLOCKED_CHECKPOINTS = [6, 8, 10, 12]
+
+
+ACCUMULATION_CONFIG = dict(vocab_size=60, num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0, max_length=16)
+
+
+def accumulation_batches(folder):
+    """Two batches of different lengths and target token counts (4 rows of 6 with 8 tokens, 6 rows
+    of 10 with 50) and their union (the first padded to 10, rows stacked), for gradient
+    accumulation checks, as npz files for backend_worker's `step`: ({"a", "b", "a+b" (the two in
+    turn), "union"} -> path, (tokens of a, tokens of b))."""
+    rng = np.random.default_rng(1)
+
+    def batch(target_lengths, length):
+        rows = len(target_lengths)
+        target = np.zeros((rows, length), np.int32)
+        for row, count in enumerate(target_lengths):
+            target[row, :count] = rng.integers(4, 60, size=count)
+        return {"source": rng.integers(4, 60, size=(rows, length)).astype(np.int32),
+                "target_input": np.concatenate([np.full((rows, 1), 2, np.int32), target[:, :-1]], axis=1),
+                "target_output": target, "dropped_pairs": np.zeros([rows], np.int64)}  # fmt: skip
+
+    a, b = batch([2, 3, 2, 1], 6), batch([9, 10, 8, 7, 10, 6], 10)
+    pad = lambda value: np.pad(value, [(0, 0), (0, 10 - value.shape[1])]) if value.ndim == 2 else value  # noqa: E731
+    union = {name: np.concatenate([pad(a[name]), b[name]]) for name in a}
+    paths = {name: os.path.join(folder, f"{name}.npz") for name in ("a", "b", "a+b", "union")}
+    for name, fields in (("a", a), ("b", b), ("union", union)):
+        np.savez(paths[name], **fields)
+    np.savez(paths["a+b"], **{f"{i}/{name}": value for i, part in enumerate((a, b)) for name, value in part.items()})
+    return paths, (int(np.sum(a["target_output"] != 0)), int(np.sum(b["target_output"] != 0)))
+
+
+def assert_accumulation_is_exact(updated, start, tokens, atol):
+    """`updated`, weights [name -> array] after runs of backend_worker's `step` (SGD) from
+    `start`: one update of a+b accumulated equals one of their union and their token-weighted
+    mean of a's and b's alone (not the plain mean of the two means, which must differ)."""
+    delta = {name: updated[name] - start for name in ("a", "b", "a+b", "union")}
+    (a_tokens, b_tokens), total = tokens, sum(tokens)
+    weighted = (a_tokens * delta["a"] + b_tokens * delta["b"]) / total
+    np.testing.assert_allclose(delta["a+b"], delta["union"], rtol=0, atol=atol)
+    np.testing.assert_allclose(delta["a+b"], weighted, rtol=0, atol=atol)
+    assert np.max(np.abs(delta["a+b"] - (delta["a"] + delta["b"]) / 2)) > 100 * atol
 
 
 @pytest.fixture(scope="session")

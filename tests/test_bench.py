@@ -21,6 +21,8 @@ REQUIRED = {
     "bench.train_throughput": {"config", "backend", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
     "bench.real_serving": {"round", "beam_size", "batch"},  # and sentences_per_s and bleu, or a ratio of them
     "bench.serving": {"beam_size", "batch", "cold_start_s", "warmup_s", "first_request_ms", "p50_ms", "p95_ms", "peak_rss_mb"},
+    "bench.wmt14_recipe": {"updates", "accumulate_steps", "seconds_per_update", "checkpoints", "averaged", "bleu", "signature",
+                           "bleu_paper", "bleu_paper_signature", "peak_rss_mb"},
     "bench.multi30k": {"bleu", "signature", "chrf", "bleu_lowercase", "bleu_lowercase_signature", "dev_bleu", "dev_chrf",
                        "dev_bleu_lowercase", "dev_bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
 }
@@ -94,6 +96,10 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
         assert (metrics["dev_bleu"], metrics["beam_size"], metrics["alpha"]) == (best["bleu"], best["beam_size"], best["alpha"])
         assert records[0]["dev_bleu_last_checkpoint"] == tried[1]["bleu"]
         assert sorted(p.name for p in (tmp_path / "run").glob("translations.*")) == ["translations.dev.txt", "translations.test.txt"]
+    if module == "bench.wmt14_recipe":  # 8 updates of 8 batches, averaged, scored both ways
+        (record,) = records
+        assert (record["updates"], record["accumulate_steps"], record["checkpoints"]) == (8, 8, [8])
+        assert record["averaged"] == ["ckpt-8"] and "tok:moses-de" in record["bleu_paper_signature"]
     if module == "bench.train_throughput":  # every backend's row, in one run
         assert {(r["backend"], r["xla"]) for r in records} >= {("tensorflow", False), ("tensorflow", True), ("jax", True)}
 

@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 from bench.smoke import MECHANICS
-from conftest import ROOT, WORKER, run_under
+from conftest import (ACCUMULATION_CONFIG, CLOCKED, CLOCKED_CHECKPOINTS, ROOT, WORKER, accumulation_batches,
+                      assert_accumulation_is_exact, run_under)
 from keras_transformer import Transformer, TransformerConfig
 from training.run_folder import RunFolder
 
@@ -74,15 +75,30 @@ def start(tmp_path_factory):
     return path, config
 
 
+@pytest.fixture(scope="module")
+def accumulation(tmp_path_factory):
+    """conftest's batches for accumulation checks, and initial weights of their model: (batch
+    paths, token counts, weights path, config)."""
+    path = tmp_path_factory.mktemp("accumulation")
+    config = TransformerConfig(**ACCUMULATION_CONFIG)
+    Transformer(config).save_weights(str(path / "init.weights.h5"))
+    (path / "init.json").write_text(config.to_json())
+    paths, tokens = accumulation_batches(str(path))
+    return paths, tokens, str(path / "init.weights.h5"), config
+
+
 # The JAX steps: name -> (policy, devices).
 JAX_STEPS = {"jax-float32": ("float32", 1), "jax-two": ("float32", 2), "jax-mixed_bfloat16": ("mixed_bfloat16", 1)}
 OVERFIT_PAIRS = 8
+# The accumulation runs: (batches, updates, devices).
+ACCUMULATION_RUNS = [("a", 1, 1), ("b", 1, 1), ("union", 1, 1), ("a+b", 1, 1), ("a+b", 1, 2), ("union", 3, 1), ("a+b", 3, 1)]
 
 
 @pytest.fixture(scope="module")
-def under_jax(start, artifacts, synthetic_corpus, synthetic_sentencepiece, tmp_path_factory):
+def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_sentencepiece, tmp_path_factory):
     """What one JAX process (two host devices) did and printed, in order: the steps of
-    JAX_STEPS; a run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared
+    JAX_STEPS; test_train_end_to_end's run on a fake clock; SGD updates on the accumulation batches, one each of a, b, their union and a+b
+    accumulated (on one device and on two), and three of the union and of a+b accumulated; a run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared
     JAX run (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and
     averaged; and greedy and beam search of a run that `python -m training.train --backend jax`
     trained on 8 pairs. Returns (its outputs by name, folder, the 8 pairs)."""
@@ -118,10 +134,15 @@ def under_jax(start, artifacts, synthetic_corpus, synthetic_sentencepiece, tmp_p
     commands = {
         **{name: ["step", str(path / "init.weights.h5"), str(path / "batch.npz"), "3", str(folder / name), policy, str(devices)]
            for name, (policy, devices) in JAX_STEPS.items()},
+        **{f"accumulate-{batches}-{updates}-{devices}": ["step", accumulation[2], accumulation[0][batches], str(updates),
+                                                         str(folder / f"accumulate-{batches}-{updates}-{devices}"), "float32",
+                                                         str(devices), "2" if batches == "a+b" else "1", "sgd"]
+           for batches, updates, devices in ACCUMULATION_RUNS},
         "crash": ["crash-mid-save", crashed, *MECHANICS, "--no-evaluate"],
         "resume": ["train", "--run-dir", crashed, *MECHANICS, "--no-evaluate"],
         "evaluate": ["evaluate", "--run-dir", str(shared), "--split", "test", "--limit", "8"],
         "remote": ["remote", "ram://runs/jax", *MECHANICS, "--checkpoint-every", "4", "--no-evaluate"],
+        "clocked": ["clocked", str(folder / "clocked"), *CLOCKED],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
     }  # fmt: skip
     outputs = json.loads(run_under("jax", WORKER, "session", json.dumps(list(commands.values())), devices=2).splitlines()[-1])
@@ -238,3 +259,32 @@ def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(under_jax, t
     result = served.translate(tf.constant(sources))
     assert [t.decode() for t in result["translation"].numpy()] == targets
     np.testing.assert_allclose(result["score"].numpy(), translated["beam"][1], rtol=1e-4, atol=1e-6)
+
+
+def _accumulated(under_jax, batches, updates, devices, config):
+    """The flat weights and the record of an accumulation run of the JAX session."""
+    out = str(under_jax[1] / f"accumulate-{batches}-{updates}-{devices}")
+    with open(out + ".json") as f:
+        record = json.load(f)
+    return np.concatenate([np.ravel(value) for _, value in _weights(out + ".weights.h5", config)]), record
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_jax_update_from_accumulated_batches_is_the_update_of_their_union(devices, accumulation, under_jax):
+    _, tokens, init, config = accumulation
+    start = np.concatenate([np.ravel(value) for _, value in _weights(init, config)])
+    updated = {batches: _accumulated(under_jax, batches, 1, devices if batches == "a+b" else 1, config)[0]
+               for batches in ("a", "b", "union", "a+b")}  # fmt: skip
+    assert _accumulated(under_jax, "a+b", 1, devices, config)[1]["replicas"] == devices
+    assert_accumulation_is_exact(updated, start, tokens, atol=2e-6)
+
+
+def test_jax_schedule_counts_updates_not_batches(accumulation, under_jax):
+    config = accumulation[3]
+    (accumulated, accumulated_run), (union, union_run) = (_accumulated(under_jax, name, 3, 1, config) for name in ("a+b", "union"))
+    assert accumulated_run["iterations"] == union_run["iterations"] == 3
+    np.testing.assert_allclose(accumulated, union, rtol=0, atol=5e-6)
+
+
+def test_jax_checkpoints_by_training_time_besides_the_step_rule(under_jax):
+    assert json.loads(under_jax[0]["clocked"].strip().splitlines()[-1]) == CLOCKED_CHECKPOINTS

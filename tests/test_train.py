@@ -1,9 +1,11 @@
 import json
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import ACCUMULATION_CONFIG, accumulation_batches, assert_accumulation_is_exact
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.search import greedy_search
 from training import data
@@ -17,15 +19,57 @@ def _small_config(tokenizer, dropout=0.0):
     return TransformerConfig.tiny(tokenizer.vocab_size, d_model=64, d_ff=128, dropout=dropout, max_length=24)
 
 
-def _trainer(config, strategy=None, weights=None, warmup_steps=40, scale=1.0, label_smoothing=0.1):
+def _trainer(config, strategy=None, weights=None, warmup_steps=40, scale=1.0, label_smoothing=0.1, optimizer=paper_optimizer,
+             accumulate_steps=1, jit_compile=True):  # fmt: skip
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         model = Transformer(config)
         if weights is not None:
             model.set_weights(weights)
-        optimizer = paper_optimizer(TransformerSchedule(config.d_model, warmup_steps, scale))
+        optimizer = optimizer(TransformerSchedule(config.d_model, warmup_steps, scale))
         optimizer.build(model.trainable_variables)
-    return Trainer(model, optimizer, strategy, label_smoothing)
+    return Trainer(model, optimizer, strategy, label_smoothing, jit_compile, accumulate_steps)
+
+
+def _flat(weights):
+    return np.concatenate([np.ravel(w) for w in weights])
+
+
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_an_update_from_accumulated_batches_is_the_update_of_their_union(tmp_path, devices):
+    from backend_worker import batches_in_turn
+
+    paths, tokens = accumulation_batches(tmp_path)
+    config = TransformerConfig(**ACCUMULATION_CONFIG)
+    start = Transformer(config).get_weights()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if devices == 2 else None
+    updated = {}
+    for name, path in paths.items():  # SGD: an update is the learning rate times the gradient
+        trainer = _trainer(config, strategy, start, warmup_steps=10, optimizer=keras.optimizers.SGD,
+                           accumulate_steps=2 if name == "a+b" else 1, jit_compile=devices == 2)  # fmt: skip
+        trainer.train_steps(iter(batches_in_turn(path)), tf.constant(1))
+        updated[name] = _flat(trainer.model.get_weights())
+    assert_accumulation_is_exact(updated, _flat(start), tokens, atol=2e-6)
+
+
+def test_the_schedule_counts_updates_not_batches(tmp_path):
+    from backend_worker import batches_in_turn
+
+    paths, _ = accumulation_batches(tmp_path)
+    config = TransformerConfig(**ACCUMULATION_CONFIG)
+    start = Transformer(config).get_weights()
+    runs = {}
+    for name, accumulate_steps in (("a+b", 2), ("union", 1)):
+        trainer = _trainer(config, None, start, warmup_steps=10, optimizer=keras.optimizers.SGD,
+                           accumulate_steps=accumulate_steps, jit_compile=False)  # fmt: skip
+        iterator = iter(batches_in_turn(paths[name]))
+        trainer.train_steps(iterator, tf.constant(3))
+        runs[name] = trainer
+    accumulated, union = runs["a+b"], runs["union"]
+    assert int(accumulated.optimizer.iterations) == int(union.optimizer.iterations) == 3
+    # The three updates took the schedule's rates at steps 1, 2 and 3 (not 1, 3 and 5, as they
+    # would if it counted batches), as the union's did.
+    np.testing.assert_allclose(_flat(accumulated.model.get_weights()), _flat(union.model.get_weights()), rtol=0, atol=5e-6)
 
 
 @pytest.mark.slow
@@ -130,6 +174,12 @@ def test_bad_flags_are_named(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--run-dir", "x", "--max-minutes", "-1"])
     assert "--max-minutes must be positive, got -1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--run-dir", "x", "--accumulate-steps", "0"])
+    assert "--accumulate-steps must be positive, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--run-dir", "x", "--checkpoint-every-minutes", "-5"])
+    assert "--checkpoint-every-minutes must be 0 (none) or positive, got -5.0" in capsys.readouterr().err
     assert parse_args(["--run-dir", "x", "--config", "base"]).batch_tokens == 25000
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bench.smoke import MECHANICS, TRAINING
-from conftest import ROOT
+from conftest import CLOCKED, CLOCKED_CHECKPOINTS, ROOT
 from training.run_folder import RunFolder
 
 
@@ -73,6 +73,27 @@ def test_max_minutes_stops_early_with_a_checkpoint(tmp_path, capsys):
     assert "Stopped at step 4 of 40: --max-minutes 0.0001 reached." in capsys.readouterr().out
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
     assert (tmp_path / "checkpoints" / "ckpt-4.index").exists()
+
+
+@pytest.mark.slow
+def test_a_run_that_accumulates_batches_resumes_where_it_stopped(tmp_path):
+    """Checkpoints fall between updates, so a rerun after any stop, also one in the middle of an
+    update's batches, reads the batches of that update again and ends as a run never stopped."""
+    from training import train
+
+    flags = [*MECHANICS, "--accumulate-steps", "2", "--batch-tokens", "1024", "--no-evaluate"]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    train.main(["--run-dir", straight, *flags, "--steps", "8"])
+    train.main(["--run-dir", resumed, *flags, "--steps", "4"])
+    train.main(["--run-dir", resumed, *flags, "--steps", "8"])
+    _assert_same_weights(_weights(resumed), _weights(straight))
+
+
+def test_checkpoints_are_written_by_training_time_besides_the_step_rule(tmp_path, capsys):
+    from backend_worker import clocked
+
+    clocked(str(tmp_path), *CLOCKED)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == CLOCKED_CHECKPOINTS
 
 
 def _free_port():

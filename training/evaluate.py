@@ -1,5 +1,6 @@
 """`python -m training.evaluate --run-dir DIR`: translate a split with beam search and score it
-with sacreBLEU (cased BLEU, chrF and lowercased BLEU on detokenized text, with their signatures).
+with sacreBLEU (cased BLEU, chrF and lowercased BLEU on detokenized text, with their signatures),
+and for a German target with the paper's tokenized BLEU (`bleu_paper`, training/paper_bleu.py).
 
 Writes the figures into `DIR/metrics.json` (the test split's as they are, the dev split's with a
 `dev_` prefix) and the translations into `DIR/translations.<split>.txt`.
@@ -21,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import PAD_ID  # noqa: E402
 from keras_transformer.search import OPTIONS, STOPPING_RULES, DecodingSettings, Execution, decode  # noqa: E402
-from training import run_folder  # noqa: E402
+from training import paper_bleu, run_folder  # noqa: E402
 from training.data import bucket_lengths  # noqa: E402
 
 
@@ -84,15 +85,19 @@ def compile_for_backend(model, function, jit_compile=True):
     return lambda *arrays: stateless([v.value for v in variables], *arrays)
 
 
-def score(translations, references):
+def score(translations, references, target_lang=None):
     """sacreBLEU's scores of detokenized text, with their signatures: cased BLEU and chrF (this
     project's figures), and BLEU on lowercased text (`bleu_lowercase`, 13a tokenization), the
-    looser measure most papers on Multi30k report."""
+    looser measure most papers on Multi30k report. For a German target also `bleu_paper`, the
+    tokenized BLEU the paper reports (training/paper_bleu.py)."""
     metrics = {}
     for name, metric in (("bleu", sacrebleu.metrics.BLEU()), ("chrf", sacrebleu.metrics.CHRF()),
                          ("bleu_lowercase", sacrebleu.metrics.BLEU(lowercase=True, tokenize="13a"))):  # fmt: skip
         metrics[name] = round(metric.corpus_score(translations, [references]).score, 2)
         metrics["signature" if name == "bleu" else f"{name}_signature"] = str(metric.get_signature())
+    if target_lang in paper_bleu.LANGUAGES:
+        paper = paper_bleu.PaperBleu(target_lang)
+        metrics.update(bleu_paper=paper.score(translations, references), bleu_paper_signature=paper.signature)
     return metrics
 
 
@@ -106,7 +111,7 @@ def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, li
     translate = make_translator(model, tokenizer, settings, jit_compile=jit_compile)
     translations, _ = translate(list(sources))
     metrics = {
-        **score(translations, list(references)),
+        **score(translations, list(references), corpus.target_lang),
         "split": split,
         "sentences": len(pairs),
         "beam_size": settings.beam_size,

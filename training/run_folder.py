@@ -227,10 +227,13 @@ class RunFolder:
         load_weights(model, checkpoint)
         return model, checkpoint
 
+    def metrics(self):
+        """metrics.json: what training and evaluation reported (empty before either has)."""
+        return self._read_json(self.metrics_path) if tf.io.gfile.exists(self.metrics_path) else {}
+
     def update_metrics(self, values):
         """metrics.json with `values` added, the values there kept (those of the same name replaced)."""
-        metrics = self._read_json(self.metrics_path) if tf.io.gfile.exists(self.metrics_path) else {}
-        self.write_json(self.metrics_path, {**metrics, **values})
+        self.write_json(self.metrics_path, {**self.metrics(), **values})
 
 
 def _differences(old, new, names=None):

@@ -37,6 +37,8 @@ from training.tokenized import TokenizedShards  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 
+clock = time.perf_counter  # what training time is measured with (tests give it a fake)
+
 # The model settings a flag can override on top of --config (TransformerConfig's fields).
 MODEL_FLAGS = [("num_layers", int, "N, layers in the encoder and in the decoder"), ("d_model", int, "d_model"),
                ("num_heads", int, "h, attention heads"), ("d_ff", int, "feed-forward inner width"),
@@ -58,7 +60,10 @@ def parse_args(argv=None):
     add("--data-dir", help="TFDS data_dir (a GCS bucket on a TPU)")
     add("--steps", type=int, help="total training steps (tiny: 600, base: 100k, big: 300k)")
     add("--max-minutes", type=float, help="stop (with a checkpoint) once training has taken this long, resumes included")
-    add("--batch-tokens", type=int, help="source (and target) tokens per batch (paper: 25000)")
+    add("--batch-tokens", type=int, help="source (and target) tokens per update (paper: 25000), over every device "
+        "and --accumulate-steps batch")
+    add("--accumulate-steps", type=int, default=1, help="batches whose gradients make one update, each of "
+        "batch-tokens / N tokens: the paper's batch on fewer devices (keras_transformer.config.PRESETS)")
     add("--warmup-steps", type=int, help="section 5.3 warm-up (paper: 4000)")
     add("--learning-rate-scale", type=float, help="a factor on the section 5.3 learning rate (paper: 1)")
     add("--label-smoothing", type=float, default=0.1)
@@ -70,6 +75,8 @@ def parse_args(argv=None):
     add("--max-length", type=int, help="longest sentence in tokens; longer training pairs are dropped")
     add("--steps-per-call", type=int, default=50, help="training steps per host call (one compiled loop)")
     add("--checkpoint-every", type=int, help="steps between checkpoints")
+    add("--checkpoint-every-minutes", type=float, default=0, help="also a checkpoint each time training has taken "
+        "this many more minutes (0: none); the paper averaged the last 5 of 10-minute checkpoints")
     add("--keep-checkpoints", type=int, default=5, help="checkpoints kept (the paper averages the last 5)")
     add("--eval-every", type=int, default=0, help="steps between dev BLEU evaluations (0: at the end only)")
     add("--eval-every-minutes", type=float, default=0, help="training minutes between dev BLEU evaluations "
@@ -96,10 +103,12 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, value)
     positive = ("steps", "batch_tokens", "warmup_steps", "vocab_size", "max_length", "steps_per_call", "checkpoint_every",
-                "max_minutes", "tokenizer_sample", "heartbeat_seconds")  # fmt: skip
+                "max_minutes", "tokenizer_sample", "heartbeat_seconds", "accumulate_steps")  # fmt: skip
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.checkpoint_every_minutes < 0:
+        parser.error(f"--checkpoint-every-minutes must be 0 (none) or positive, got {args.checkpoint_every_minutes}")
     if args.processes != "auto" and not (args.processes.isdigit() and int(args.processes) > 0):
         parser.error(f"--processes must be auto or a positive number, got {args.processes!r}")
     if args.processes not in ("1", "auto"):
@@ -169,13 +178,13 @@ def train(args, strategy=None):
 
     schedule = TransformerSchedule(config.d_model, args.warmup_steps, args.learning_rate_scale)
     backend.build(config, lambda: paper_optimizer(schedule))
-    backend.compile(args.label_smoothing, jit_compile=not args.no_xla)
+    backend.compile(args.label_smoothing, jit_compile=not args.no_xla, accumulate_steps=args.accumulate_steps)
     # The first epoch tokenizes the split into shards while training reads them; each process
     # its own share. Several processes agree on each batch's bucket through a schedule.
     tokenized = TokenizedShards(text, tokenizer, run.tokenized_dir(tokenizer), args.seed, backend.process_index,
                                        backend.num_processes, show_progress=backend.is_chief)  # fmt: skip
     bucket_schedule = None
-    batch_tokens = args.batch_tokens // backend.num_processes  # this process' rows of each global batch
+    batch_tokens = args.batch_tokens // backend.num_processes // args.accumulate_steps  # this process' rows of a batch
     if backend.num_processes > 1:
         bucket_schedule = data.bucket_schedule(text, tokenizer, batch_tokens=batch_tokens, max_length=config.max_length,
                                                num_shares=backend.num_processes)  # fmt: skip
@@ -201,12 +210,13 @@ def train(args, strategy=None):
     dropped = 0
     out_of_time = lambda: args.max_minutes is not None and train_seconds >= 60 * args.max_minutes  # noqa: E731
     periods_evaluated = _periods(train_seconds, args.eval_every_minutes)
+    periods_saved = _periods(train_seconds, args.checkpoint_every_minutes)
     while step < args.steps and not out_of_time():
         boundary = min(args.steps, (step // args.checkpoint_every + 1) * args.checkpoint_every)
         num_steps = min(args.steps_per_call, boundary - step)
-        start = time.perf_counter()
+        start = clock()
         loss, tokens, dropped = backend.train_steps(iterator, num_steps)
-        seconds = time.perf_counter() - start
+        seconds = clock() - start
         train_seconds = backend.agree(train_seconds + seconds)  # process 0's clock decides for all
         step = backend.step
         learning_rate = float(keras.ops.convert_to_numpy(schedule(step)))  # the next update's
@@ -217,7 +227,8 @@ def train(args, strategy=None):
             tf.summary.scalar("target_tokens_per_second", tokens / seconds)
             tf.summary.scalar("dropped_pairs", dropped)
             tf.summary.scalar("training_minutes", train_seconds / 60)  # the x axis of learning curves
-        if step == boundary or out_of_time():
+        if step == boundary or out_of_time() or _periods(train_seconds, args.checkpoint_every_minutes) > periods_saved:
+            periods_saved = _periods(train_seconds, args.checkpoint_every_minutes)
             saved = backend.save(step, train_seconds)
             say(f"\nSaved checkpoint {saved} at step {step}.")
         periods = _periods(train_seconds, args.eval_every_minutes)

@@ -36,18 +36,21 @@ class Backend:
         """Creates `self.model` (a `Transformer` of `config`) and `self.optimizer`."""
         raise NotImplementedError
 
-    def compile(self, label_smoothing, jit_compile=True):
-        """Prepares the compiled training step."""
+    def compile(self, label_smoothing, jit_compile=True, accumulate_steps=1):
+        """Prepares the compiled training step: each optimizer update from the gradient of
+        `accumulate_steps` batches' summed loss over all of their target tokens, as if they were
+        one batch."""
         raise NotImplementedError
 
     def train_steps(self, iterator, num_steps):
-        """Runs `num_steps` steps on batches from `iterator`; returns (mean loss per target
-        token, target tokens, training pairs dropped for length so far) as Python numbers."""
+        """Runs `num_steps` updates on batches from `iterator` (`accumulate_steps` batches each);
+        returns (mean loss per target token, target tokens, training pairs dropped for length so
+        far) as Python numbers."""
         raise NotImplementedError
 
     @property
     def step(self):
-        """The number of optimizer updates so far."""
+        """The number of optimizer updates so far (the schedule's step)."""
         raise NotImplementedError
 
     def agree(self, value):

@@ -1,6 +1,6 @@
 """Training under JAX: forward, backward and Adam update as one `jax.jit` program over every
-device (TPU chips, GPUs, or host CPUs), data-parallel; checkpoints as folders that either backend
-reads.
+device (TPU chips, GPUs, or host CPUs), data-parallel (with gradient accumulation, a program that
+adds a batch's gradient and one that updates); checkpoints as folders that either backend reads.
 
 Several hosts (a TPU pod slice's workers, or processes on one machine) train as one through
 JAX's multi-controller runtime (`initialize_processes`): every process runs the same program over
@@ -33,6 +33,7 @@ import os
 import re
 
 import jax
+import jax.numpy as jnp
 import keras
 from jax.experimental import multihost_utils
 import numpy as np
@@ -135,7 +136,7 @@ class JaxBackend(Backend):
             for variable, value in zip(variables, values):
                 variable.assign(np.asarray(value))  # a host copy: the model then runs on this process alone
 
-    def compile(self, label_smoothing, jit_compile=True):
+    def compile(self, label_smoothing, jit_compile=True, accumulate_steps=1):
         if not jit_compile:
             raise ValueError("--no-xla is for the TensorFlow backend: JAX always compiles the step with XLA.")
         model, optimizer = self.model, self.optimizer
@@ -144,35 +145,64 @@ class JaxBackend(Backend):
             inputs = (batch["source"], batch["target_input"])
             logits, non_trainable = model.stateless_call(trainable, non_trainable, inputs, training=True)
             loss_sum, tokens = smoothed_cross_entropy(batch["target_output"], logits, label_smoothing)
-            # Sums over the global batch (XLA reduces across devices): the mean per target token.
-            return loss_sum / tokens, (loss_sum, tokens, non_trainable)
+            return loss_sum, (tokens, non_trainable)  # sums over the global batch (XLA reduces across devices)
 
-        def step(state, batch):
+        def gradients(state, batch):
+            """The state with the dropout seeds advanced, and (the gradient of the batch's summed
+            loss, that sum, its target tokens)."""
             trainable, non_trainable, optimizer_variables = state
-            gradient_fn = jax.value_and_grad(loss_fn, has_aux=True)
-            (_, (loss_sum, tokens, non_trainable)), gradients = gradient_fn(trainable, non_trainable, batch)
-            trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, gradients, trainable)
+            (loss_sum, (tokens, non_trainable)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, non_trainable, batch)
+            return (trainable, non_trainable, optimizer_variables), (grads, loss_sum, tokens)
+
+        def accumulate(state, pending, batch):
+            state, summed = gradients(state, batch)
+            return state, jax.tree.map(jnp.add, pending, summed)
+
+        def apply(state, summed):
+            """One Adam update from the summed gradient over the summed target tokens: the mean
+            over every batch of the update, as if they were one."""
+            trainable, non_trainable, optimizer_variables = state
+            grads, loss_sum, tokens = summed
+            grads = jax.tree.map(lambda grad: grad / tokens, grads)
+            trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
             return (trainable, non_trainable, optimizer_variables), loss_sum, tokens
 
+        def empty(state):
+            return jax.tree.map(jnp.zeros_like, state[0]), jnp.zeros((), "float32"), jnp.zeros((), "float32")
+
         self.state = self._state_from_variables()  # from here on, the training state is this
-        self.step_fn = jax.jit(
-            step,
-            in_shardings=(self.replicated, self.split_rows),
-            out_shardings=(self.replicated, self.replicated, self.replicated),
-            donate_argnums=0,
-        )
+        self.accumulate_steps = accumulate_steps
+        replicated = self.replicated
+        # One batch an update is one program; more are one program per batch and one for the update.
+        self.step_fn = jax.jit(lambda state, batch: apply(*gradients(state, batch)), in_shardings=(replicated, self.split_rows),
+                               out_shardings=(replicated, replicated, replicated), donate_argnums=0)  # fmt: skip
+        self.accumulate_fn = jax.jit(accumulate, in_shardings=(replicated, replicated, self.split_rows),
+                                     out_shardings=(replicated, replicated), donate_argnums=(0, 1))  # fmt: skip
+        self.apply_fn = jax.jit(apply, out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+        self.empty_fn = jax.jit(empty, out_shardings=replicated)
 
     def train_steps(self, iterator, num_steps):
         loss_total, tokens_total, dropped = 0.0, 0.0, 0
         with self._collective("the training steps' gradient all-reduce"):
-            for _ in range(num_steps):
-                batch = next(iterator)  # this process' rows of the global batch
-                dropped = int(batch["dropped_pairs"][0])
-                arrays = {name: jax.make_array_from_process_local_data(self.split_rows, batch[name].numpy())
-                          for name in STEP_INPUTS}  # fmt: skip
-                self.state, loss_sum, tokens = self.step_fn(self.state, arrays)  # dispatched; the host reads on
+            for _ in range(num_steps):  # dispatched; the host reads on
+                if self.accumulate_steps == 1:
+                    batch, dropped = self._next_batch(iterator)
+                    self.state, loss_sum, tokens = self.step_fn(self.state, batch)
+                else:
+                    summed = self.empty_fn(self.state)
+                    for _ in range(self.accumulate_steps):
+                        batch, dropped = self._next_batch(iterator)
+                        self.state, summed = self.accumulate_fn(self.state, summed, batch)
+                    self.state, loss_sum, tokens = self.apply_fn(self.state, summed)
                 loss_total, tokens_total = loss_total + loss_sum, tokens_total + tokens
             return float(loss_total / tokens_total), float(tokens_total), dropped
+
+    def _next_batch(self, iterator):
+        """This process' rows of the next global batch, as global arrays, and the count of pairs
+        dropped for length so far."""
+        batch = next(iterator)
+        arrays = {name: jax.make_array_from_process_local_data(self.split_rows, batch[name].numpy()) for name in STEP_INPUTS}
+        return arrays, int(batch["dropped_pairs"][0])
 
     @property
     def step(self):

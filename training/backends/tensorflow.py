@@ -51,8 +51,8 @@ class TensorFlowBackend(Backend):
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             self.optimizer.build(self.model.trainable_variables)
 
-    def compile(self, label_smoothing, jit_compile=True):
-        self.trainer = Trainer(self.model, self.optimizer, self.strategy, label_smoothing, jit_compile)
+    def compile(self, label_smoothing, jit_compile=True, accumulate_steps=1):
+        self.trainer = Trainer(self.model, self.optimizer, self.strategy, label_smoothing, jit_compile, accumulate_steps)
 
         @tf.function
         def value_of_replica_0(value):
@@ -104,12 +104,17 @@ def _saved_steps(folder):
 
 
 class Trainer:
-    """The compiled training step and the loop that drives it, under a tf.distribute strategy."""
+    """The compiled training step and the loop that drives it, under a tf.distribute strategy.
 
-    def __init__(self, model, optimizer, strategy, label_smoothing=0.1, jit_compile=True):
+    Each update reads `accumulate_steps` batches and applies the gradient of their summed loss
+    over all of their target tokens, as if they were one batch (fairseq's `--update-freq`).
+    """
+
+    def __init__(self, model, optimizer, strategy, label_smoothing=0.1, jit_compile=True, accumulate_steps=1):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.local_replicas = strategies.local_replicas(strategy)
         self.label_smoothing = label_smoothing
+        self.accumulate_steps = accumulate_steps
         # Forward and backward passes are one XLA computation. The update stays outside it: under
         # MirroredStrategy it all-reduces the gradients, which XLA cannot hold (on TPU all of it
         # is compiled anyway).
@@ -121,22 +126,27 @@ class Trainer:
         with tf.GradientTape() as tape:
             logits = self.model((batch["source"], batch["target_input"]), training=True)
             loss_sum, tokens = smoothed_cross_entropy(batch["target_output"], logits, self.label_smoothing)
-            # Every replica divides by the global batch's token count: the summed gradients are
-            # those of the mean over the global batch, however it is split.
+            # Every replica divides by the update's token count over all replicas and batches: the
+            # summed gradients are those of the mean over all of them, however they are split.
             loss = loss_sum / global_tokens
             scaled_loss = self.optimizer.scale_loss(loss)
         return loss_sum, tokens, tape.gradient(scaled_loss, variables)
 
-    def _replica_step(self, batch):
-        tokens = tf.reduce_sum(tf.cast(batch["target_output"] != PAD_ID, tf.float32))
+    def _replica_update(self, batches):
+        """One update from this replica's rows of `batches`, the update's batches."""
+        tokens = tf.add_n([tf.reduce_sum(tf.cast(batch["target_output"] != PAD_ID, tf.float32)) for batch in batches])
         global_tokens = tf.distribute.get_replica_context().all_reduce("SUM", tokens)
-        loss_sum, tokens, gradients = self.loss_and_gradients(batch, global_tokens)
+        loss_total, gradients = 0.0, None
+        for batch in batches:
+            loss_sum, _, batch_gradients = self.loss_and_gradients(batch, global_tokens)
+            loss_total += loss_sum
+            gradients = batch_gradients if gradients is None else [a + b for a, b in zip(gradients, batch_gradients)]
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
-        return loss_sum, tokens, tf.reduce_max(batch["dropped_pairs"])
+        return loss_total, tokens, tf.reduce_max(batches[-1]["dropped_pairs"])
 
     def _train_steps(self, iterator, num_steps):
-        """Runs `num_steps` steps in one call; returns the mean loss per target token, the number
-        of target tokens, and the count of training pairs dropped for length so far.
+        """Runs `num_steps` updates in one call; returns the mean loss per target token, the
+        number of target tokens, and the count of training pairs dropped for length so far.
 
         `iterator` is a plain tf.data iterator of this worker's rows of each global batch (so
         that a checkpoint can hold it: distributed iterators cannot be saved); each of the
@@ -144,11 +154,12 @@ class Trainer:
         """
         loss_total, tokens_total, dropped = tf.constant(0.0), tf.constant(0.0), tf.constant(0, tf.int64)
         for _ in tf.range(num_steps):
-            batch = next(iterator)
-            per_replica = self.strategy.experimental_distribute_values_from_function(
-                lambda context: _rows_of_replica(batch, context, self.local_replicas)
-            )
-            loss_sum, tokens, replica_dropped = self.strategy.run(self._replica_step, args=(per_replica,))
+            per_replica = []
+            for _ in range(self.accumulate_steps):
+                batch = next(iterator)
+                per_replica.append(self.strategy.experimental_distribute_values_from_function(
+                    lambda context, batch=batch: _rows_of_replica(batch, context, self.local_replicas)))  # fmt: skip
+            loss_sum, tokens, replica_dropped = self.strategy.run(self._replica_update, args=(per_replica,))
             loss_total += self.strategy.reduce("SUM", loss_sum, axis=None)
             tokens_total += self.strategy.reduce("SUM", tokens, axis=None)
             dropped = self.strategy.experimental_local_results(replica_dropped)[0]  # alike on all replicas

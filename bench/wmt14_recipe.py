@@ -1,0 +1,143 @@
+"""The paper's WMT14 English -> German recipe end to end, as README.md's "The paper's recipe on
+WMT14" gives it: training with the paper's 25,000-token update (accumulated over batches on
+fewer than 8 devices) and a checkpoint every 10 minutes, the last 5 averaged (20 for big), and
+newstest2014 translated with beam 4 and alpha 0.6, scored as cased sacreBLEU and as the paper
+scored it (`bleu_paper`, training/paper_bleu.py).
+
+    python -m bench.wmt14_recipe --data DIR --max-minutes 20                  # WMT-shaped text files
+    python -m bench.wmt14_recipe --data ../shared/data/newstest2014 --max-minutes 20
+    python -m bench.wmt14_recipe --smoke                                      # seconds: tiny, synthetic
+
+`--data` is a folder of train.en / train.de (and dev.*, test.*) files, or one holding only
+newstest2014.en / .de, which then stands in for every split: a corpus of WMT's kind, so that the
+commands are known to run where TFDS cannot download. On this machine's CPUs the budget buys a
+few updates, not a model. What the run changes for a CPU is printed with the commands: no XLA
+(each bucket's compilation would take the budget), no mixed precision, one update a call (so
+that the clock's checkpoints fall inside the budget), the 10-minute interval scaled to a sixth
+of the budget, and `--limit` sentences translated. Prints one JSON line: seconds an update,
+the checkpoints written, the steps averaged, and both BLEUs with their signatures.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+from training.quiet import quiet_tensorflow
+
+quiet_tensorflow()
+
+from bench import smoke  # noqa: E402
+from bench.common import emit, peak_rss_mb  # noqa: E402
+from training import evaluate, synthetic, train  # noqa: E402
+from training.average_checkpoints import average_checkpoints  # noqa: E402
+from training.run_folder import RunFolder  # noqa: E402
+
+DATASET = "tfds:wmt14_translate/de-en"  # test: newstest2014, 3,003 lines; dev: newstest2013
+AVERAGE_LAST = {"base": 5, "big": 20}  # section 6.1
+STEPS = {"base": 100_000, "big": 300_000}
+
+
+def accumulate_steps(devices):
+    """The paper's 3,125 tokens a device and batch (keras_transformer/config.py's table)."""
+    return max(1, 8 // devices)
+
+
+def train_flags(config="base", devices=8, dataset=DATASET):
+    """`training.train`'s flags for the paper's run of `config` on `devices` GPUs or TPU chips
+    (add --run-dir, and --backend jax --strategy tpu on TPUs)."""
+    return ["--config", config, "--dataset", dataset, "--source-lang", "en", "--target-lang", "de",
+            "--accumulate-steps", str(accumulate_steps(devices)), "--mixed-precision",
+            "--checkpoint-every", str(STEPS[config]), "--checkpoint-every-minutes", "10",
+            "--keep-checkpoints", str(AVERAGE_LAST[config]), "--no-evaluate"]  # fmt: skip
+
+
+# On this machine's CPUs (the module docstring).
+CPU_CHANGES = ["--no-xla", "--steps-per-call", "1"]
+
+
+def stand_in_folder(data, scratch):
+    """`data` if it holds a training split; else a folder whose every split is its newstest2014."""
+    if os.path.exists(os.path.join(data, "train.en")):
+        return data
+    folder = os.path.join(scratch, "newstest2014-as-corpus")
+    os.makedirs(folder, exist_ok=True)
+    for split in ("train", "dev", "test"):
+        for lang in ("en", "de"):
+            link = os.path.join(folder, f"{split}.{lang}")
+            if not os.path.exists(link):
+                os.symlink(os.path.abspath(os.path.join(data, f"newstest2014.{lang}")), link)
+    return folder
+
+
+def write_smoke_data(folder):
+    splits = synthetic.generate_splits(seed=0, train=300, dev=8, test=8)
+    for split, pairs in splits.items():
+        for side, lang in enumerate(("en", "de")):
+            with open(os.path.join(folder, f"{split}.{lang}"), "w") as f:
+                f.writelines(pair[side] + "\n" for pair in pairs)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", help="a folder of train/dev/test.{en,de}, or of newstest2014.{en,de}")
+    parser.add_argument("--run-dir", help="where the run goes (default: a temporary folder)")
+    parser.add_argument("--config", default="base", choices=sorted(AVERAGE_LAST))
+    parser.add_argument("--devices", type=int, default=1, help="the devices the recipe is for (its accumulation)")
+    parser.add_argument("--max-minutes", type=float, default=20.0, help="the training budget")
+    parser.add_argument("--limit", type=int, default=100, help="test sentences translated")
+    parser.add_argument("--smoke", action="store_true", help="the tiny config on synthetic pairs, in seconds")
+    args = parser.parse_args(argv)
+    if not args.data and not args.smoke:
+        parser.error("give --data DIR (or --smoke)")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = args.run_dir or os.path.join(scratch, "run")
+        if args.smoke:
+            data = os.path.join(scratch, "smoke-data")
+            os.makedirs(data)
+            write_smoke_data(data)
+        else:
+            data = stand_in_folder(args.data, scratch)
+        flags = [*train_flags(args.config, args.devices, data), *CPU_CHANGES, "--max-minutes", str(args.max_minutes),
+                 "--checkpoint-every-minutes", str(args.max_minutes / 6)]  # fmt: skip
+        if args.smoke:  # the tiny model for seconds: bench/smoke.py's mechanics recipe
+            flags = [*flags, "--config", "tiny", *smoke.MECHANICS, "--steps", "8", "--batch-tokens", "1024",
+                     "--checkpoint-every", "8"]  # fmt: skip
+        print("python -m training.train --run-dir", run_dir, " ".join(flags), flush=True)
+        start = time.perf_counter()
+        train.main(["--run-dir", run_dir, *flags])
+        train_wall = time.perf_counter() - start
+        run = RunFolder(run_dir)
+        metrics = run.metrics()
+        checkpoints = [step for step, _ in run.checkpoints()]
+        _, averaged = average_checkpoints(run_dir, last=AVERAGE_LAST[args.config])
+        print(f"python -m training.average_checkpoints --run-dir {run_dir} --last {AVERAGE_LAST[args.config]}", flush=True)
+        evaluation = ["--run-dir", run_dir, "--limit", str(args.limit), "--no-xla"]
+        print("python -m training.evaluate", " ".join(evaluation), flush=True)
+        start = time.perf_counter()
+        evaluate.main(evaluation)
+        evaluate_wall = time.perf_counter() - start
+        scores = RunFolder(run_dir).metrics()
+        emit({
+            "benchmark": "wmt14_recipe",
+            "config": "tiny (smoke)" if args.smoke else args.config,
+            "data": "synthetic (smoke)" if args.smoke else args.data,
+            "accumulate_steps": accumulate_steps(args.devices),
+            "updates": metrics["steps"],
+            "seconds_per_update": round(metrics["train_seconds"] / max(1, metrics["steps"]), 2),
+            "train_wall_seconds": round(train_wall, 1),
+            "checkpoints": checkpoints,
+            "averaged": [os.path.basename(path) for path in averaged],
+            "test_sentences": scores["sentences"],
+            "bleu": scores["bleu"],
+            "signature": scores["signature"],
+            "bleu_paper": scores.get("bleu_paper"),
+            "bleu_paper_signature": scores.get("bleu_paper_signature"),
+            "evaluate_wall_seconds": round(evaluate_wall, 1),
+            "peak_rss_mb": round(peak_rss_mb()),
+        })
+
+
+if __name__ == "__main__":
+    main()
