@@ -68,9 +68,8 @@ def full_recompute_greedy(model, source_ids, steps):
     return tokens[:, 1:]
 
 
-def measure(mode, beam_size, xla, args, precision="float32"):
-    if mode == "served" and not args.smoke:  # a process of its own: TensorFlow has run nothing yet
-        use_serving_threads()
+def _model_and_source(args):
+    """The measured model (random weights, seeded) and source ids, alike in every process."""
     keras.utils.set_random_seed(0)
     config = TransformerConfig.tiny(
         args.vocab_size, num_layers=args.layers, d_model=args.d_model, num_heads=args.heads, d_ff=args.d_ff
@@ -80,7 +79,13 @@ def measure(mode, beam_size, xla, args, precision="float32"):
     for weight in model.weights:  # biases and layer norms start at 0 and 1: make them count too
         if not weight.path.endswith("kernel") and "embedding" not in weight.path:
             weight.assign(weight + rng.normal(0.0, 0.1, weight.shape).astype("float32"))
-    source = rng.integers(4, args.vocab_size, size=(args.batch, args.length), dtype="int32")
+    return model, rng.integers(4, args.vocab_size, size=(args.batch, args.length), dtype="int32")
+
+
+def measure(mode, beam_size, xla, args, precision="float32"):
+    if mode == "served" and not args.smoke:  # a process of its own: TensorFlow has run nothing yet
+        use_serving_threads()
+    model, source = _model_and_source(args)
     model = in_precision(model, precision)
     if mode == "ctranslate2":
         if not ctranslate2_reference.available():
@@ -173,6 +178,11 @@ def main():
         for mode, beam_size, xla, *precision in rows + CONTEXT_ROWS:
             measure(mode, beam_size, xla, args, *precision)
         return
+    if any(row[0] == "ctranslate2" for row in rows) and ctranslate2_reference.available():
+        # Its faster matrix library here, chosen once on this model; the rows' processes inherit it.
+        with tempfile.TemporaryDirectory() as directory:
+            choice = ctranslate2_reference.choose_backend(ctranslate2_reference.convert(_model_and_source(args)[0], directory))
+        print(f"CTranslate2 with CT2_USE_MKL={choice} (the faster here).", file=sys.stderr, flush=True)
     rounds = []
     for index in range(args.rounds):
         order = rows if index % 2 == 0 else rows[::-1]

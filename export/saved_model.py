@@ -150,6 +150,8 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
     model, checkpoint = run.load_model(checkpoint)
     model = in_precision(model, precision)
     check_layer(model, settings.alignment_layer)  # before the SavedModel's functions are traced
+    if compiled_shapes is not None:
+        compiled_shapes = compiled_shapes.within(model.config.max_length)
     tokenizer = run.load_tokenizer()
     run_settings, metrics = run.settings(), {}
     if tf.io.gfile.exists(run.metrics_path):

@@ -47,6 +47,14 @@ class CompiledShapes:
             if not values or list(values) != sorted(set(values)) or values[0] < 1:
                 raise ValueError(f"CompiledShapes.{name} must be positive numbers in ascending order; got {values}.")
 
+    def within(self, max_source_length):
+        """These shapes for a model whose sources are cut to `max_source_length` pieces: longer
+        source lengths, which no request reaches, give way to that length."""
+        lengths = [length for length in self.source_lengths if length < max_source_length]
+        if len(lengths) < len(self.source_lengths):
+            lengths.append(max_source_length)
+        return dataclasses.replace(self, source_lengths=tuple(lengths))
+
     @property
     def shapes(self):
         """Every compiled `(batch, source length)`, in the order of `index`."""

@@ -23,6 +23,10 @@ from training.supervisor import EXIT_LOST, JAX_FATAL, MARKER
 
 # bench/smoke.py's recipe for mechanics, shorter.
 FLAGS = [*MECHANICS, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate"]
+# The uninterrupted run, its one-process reference and the killed run make each update from two
+# batches, so that accumulation across processes and its resume are checked too (MECHANICS'
+# 512-token batches).
+ACCUMULATED = ["--accumulate-steps", "2", "--batch-tokens", "1024"]
 LIMIT_SECONDS = 600  # each process a test starts ends by itself within this
 TRAINER = os.path.join(ROOT, "tests", "multiworker_worker.py")  # training.train, recording the shards written
 # One worker runs them all: two of them compare with the two_processes module fixture's run.
@@ -85,9 +89,9 @@ def corpus(three_shard_corpus):
 
 @pytest.fixture(scope="module")
 def two_processes(corpus, tmp_path_factory):
-    """A run of 24 steps by two processes, never interrupted."""
+    """A run of 24 updates of 2 batches by two processes, never interrupted."""
     run_dir = tmp_path_factory.mktemp("two") / "run"
-    outputs = _finish(_start_processes(run_dir, corpus))
+    outputs = _finish(_start_processes(run_dir, corpus, *ACCUMULATED))
     return run_dir, outputs
 
 
@@ -109,7 +113,7 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     (reference / "tokenizer.model").write_bytes((run_dir / "tokenizer.model").read_bytes())
     result = subprocess.run(
         ["timeout", str(LIMIT_SECONDS), sys.executable, WORKER, "two-shares", str(reference), "--dataset", str(corpus),
-         "--source-lang", "en", "--target-lang", "de", *FLAGS],
+         "--source-lang", "en", "--target-lang", "de", *FLAGS, *ACCUMULATED],
         cwd=ROOT, env=_environment(4), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -156,7 +160,7 @@ def _assert_one_clear_message(output, status, first_line, run_dir):
 def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
     run_dir = tmp_path / "run"
     # Process 0 hosts JAX's coordination service: the other ends at once.
-    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, corpus, 0)
+    output, status, seconds = _kill_after_the_first_checkpoint(run_dir, corpus, 0, *ACCUMULATED)
     _assert_one_clear_message(
         output, status, "Lost process 0 of 2, which runs JAX's coordination service (--coordinator-address): it "
         "stopped answering, so process 1 ends too.", run_dir,
@@ -164,7 +168,7 @@ def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exact
     assert seconds < 90
     assert not (run_dir / "checkpoints" / "ckpt-24").exists()
 
-    outputs = _finish(_start_processes(run_dir, corpus))
+    outputs = _finish(_start_processes(run_dir, corpus, *ACCUMULATED))
     assert "Resumed from" in outputs[0]
     for (name, resumed), (_, straight) in zip(_weights(run_dir, 24), _weights(two_processes[0], 24)):
         np.testing.assert_allclose(resumed, straight, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -91,3 +91,11 @@ def test_compiled_shapes_choose_the_smallest_that_holds_a_request_and_none_past_
     assert index(9, 5) == index(1, 33) == -1
     with pytest.raises(ValueError, match="ascending"):
         CompiledShapes(batch_sizes=(4, 1))
+
+
+def test_source_lengths_past_the_models_cut_give_way_to_it():
+    shapes = CompiledShapes(batch_sizes=(1, 2), source_lengths=(16, 32, 48, 64))
+    assert shapes.within(24).source_lengths == (16, 24)  # sources are cut at 24: 32-64 would never run
+    assert shapes.within(8).source_lengths == (8,)
+    assert shapes.within(64) == shapes.within(256) == shapes
+    assert shapes.within(24).batch_sizes == (1, 2)

@@ -252,7 +252,8 @@ def train(args, strategy=None):
         output_path = run.translations_path("test") if backend.is_chief else None
         metrics.update(evaluate.evaluate(model, tokenizer, corpus, "test", decoding, output_path=output_path))
         metrics["checkpoint"] = run.checkpoints()[-1][1]
-        say(f"Test BLEU {metrics['bleu']} (chrF {metrics['chrf']}) on {metrics['sentences']} sentences; {metrics['signature']}")
+        paper = f", the paper's tokenized BLEU {metrics['bleu_paper']}" if "bleu_paper" in metrics else ""
+        say(f"Test BLEU {metrics['bleu']} (chrF {metrics['chrf']}{paper}) on {metrics['sentences']} sentences; {metrics['signature']}")
     if not backend.is_chief:
         return model, None
     run.update_metrics(metrics)
