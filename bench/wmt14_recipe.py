@@ -29,6 +29,7 @@ quiet_tensorflow()
 
 from bench import smoke  # noqa: E402
 from bench.common import emit, peak_rss_mb  # noqa: E402
+from keras_transformer.config import paper_accumulate_steps  # noqa: E402
 from training import evaluate, synthetic, train  # noqa: E402
 from training.average_checkpoints import average_checkpoints  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
@@ -38,16 +39,11 @@ AVERAGE_LAST = {"base": 5, "big": 20}  # section 6.1
 STEPS = {"base": 100_000, "big": 300_000}
 
 
-def accumulate_steps(devices):
-    """The paper's 3,125 tokens a device and batch (keras_transformer/config.py's table)."""
-    return max(1, 8 // devices)
-
-
 def train_flags(config="base", devices=8, dataset=DATASET):
     """`training.train`'s flags for the paper's run of `config` on `devices` GPUs or TPU chips
     (add --run-dir, and --backend jax --strategy tpu on TPUs)."""
     return ["--config", config, "--dataset", dataset, "--source-lang", "en", "--target-lang", "de",
-            "--accumulate-steps", str(accumulate_steps(devices)), "--mixed-precision",
+            "--accumulate-steps", str(paper_accumulate_steps(devices)), "--mixed-precision",
             "--checkpoint-every", str(STEPS[config]), "--checkpoint-every-minutes", "10",
             "--keep-checkpoints", str(AVERAGE_LAST[config]), "--no-evaluate"]  # fmt: skip
 
@@ -123,7 +119,7 @@ def main(argv=None):
             "benchmark": "wmt14_recipe",
             "config": "tiny (smoke)" if args.smoke else args.config,
             "data": "synthetic (smoke)" if args.smoke else args.data,
-            "accumulate_steps": accumulate_steps(args.devices),
+            "accumulate_steps": paper_accumulate_steps(args.devices),
             "updates": metrics["steps"],
             "seconds_per_update": round(metrics["train_seconds"] / max(1, metrics["steps"]), 2),
             "train_wall_seconds": round(train_wall, 1),

@@ -19,7 +19,8 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 # 25,000 / N tokens, as one. The paper's per-device batch, 25,000 / (devices * N) = 3,125:
 #     devices           1   2   4   8  (GPUs, or TPU chips: a v5e-1, a v4-8's 4 chips, a v5e-8)
 #     --accumulate-steps 8   4   2   1
-# A device with memory to spare (a TPU v5e's 16 GB in bfloat16) may take a smaller N.
+# (`paper_accumulate_steps`). A device with memory to spare (a TPU v5e's 16 GB in bfloat16) may
+# take a smaller N.
 PRESETS = {
     "tiny": {
         "model": dict(num_layers=2, d_model=128, num_heads=4, d_ff=512),
@@ -47,6 +48,14 @@ PRESETS = {
                          vocab_size=37_000, max_length=256, checkpoint_every=2000),
     },
 }  # fmt: skip
+
+
+PAPER_DEVICES = 8  # the paper's GPUs: its 25,000-token update was 8 batches of 3,125 tokens
+
+
+def paper_accumulate_steps(devices):
+    """The `--accumulate-steps` that gives each of `devices` the paper's 3,125 tokens a batch."""
+    return max(1, PAPER_DEVICES // devices)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -154,9 +154,10 @@ class JaxBackend(Backend):
             (loss_sum, (tokens, non_trainable)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, non_trainable, batch)
             return (trainable, non_trainable, optimizer_variables), (grads, loss_sum, tokens)
 
-        def accumulate(state, pending, batch):
-            state, summed = gradients(state, batch)
-            return state, jax.tree.map(jnp.add, pending, summed)
+        def accumulate(state, summed, batch):
+            """`summed` (gradient, loss sum, tokens) with the batch's added."""
+            state, added = gradients(state, batch)
+            return state, jax.tree.map(jnp.add, summed, added)
 
         def apply(state, summed):
             """One Adam update from the summed gradient over the summed target tokens: the mean
@@ -167,7 +168,7 @@ class JaxBackend(Backend):
             trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
             return (trainable, non_trainable, optimizer_variables), loss_sum, tokens
 
-        def empty(state):
+        def empty(state):  # the sums of no batch yet
             return jax.tree.map(jnp.zeros_like, state[0]), jnp.zeros((), "float32"), jnp.zeros((), "float32")
 
         self.state = self._state_from_variables()  # from here on, the training state is this
