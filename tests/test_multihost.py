@@ -25,8 +25,8 @@ from training.supervisor import EXIT_LOST, JAX_FATAL, MARKER
 FLAGS = [*MECHANICS, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate"]
 # The uninterrupted run, its one-process reference and the killed run make each update from two
 # batches, so that accumulation across processes and its resume are checked too (MECHANICS'
-# 512-token batches).
-ACCUMULATED = ["--accumulate-steps", "2", "--batch-tokens", "1024"]
+# 512-token batches), 12 of them: the 24 batches of the others.
+ACCUMULATED = ["--accumulate-steps", "2", "--batch-tokens", "1024", "--steps", "12"]
 LIMIT_SECONDS = 600  # each process a test starts ends by itself within this
 TRAINER = os.path.join(ROOT, "tests", "multiworker_worker.py")  # training.train, recording the shards written
 # One worker runs them all: two of them compare with the two_processes module fixture's run.
@@ -89,7 +89,7 @@ def corpus(three_shard_corpus):
 
 @pytest.fixture(scope="module")
 def two_processes(corpus, tmp_path_factory):
-    """A run of 24 updates of 2 batches by two processes, never interrupted."""
+    """A run of 12 updates of 2 batches by two processes, never interrupted."""
     run_dir = tmp_path_factory.mktemp("two") / "run"
     outputs = _finish(_start_processes(run_dir, corpus, *ACCUMULATED))
     return run_dir, outputs
@@ -100,7 +100,7 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     run_dir, outputs = two_processes
     # One process speaks: the bar and the checkpoints are printed by process 0 alone.
     assert "Saved checkpoint" in outputs[0] and "Saved checkpoint" not in outputs[1]
-    assert "24/24" in outputs[0] and "24/24" not in outputs[1]
+    assert "12/12" in outputs[0] and "12/12" not in outputs[1]
     assert RunFolder(str(run_dir)).settings()["processes"] == 2
     # Each process wrote the shards of its own share: 0 and 2, and 1.
     written = [json.loads((run_dir.parent / f"shards-written-{index}.json").read_text()) for index in range(2)]
@@ -117,11 +117,11 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
         cwd=ROOT, env=_environment(4), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    for (name, two), (_, one) in zip(_weights(run_dir, 24), _weights(reference, 24)):
+    for (name, two), (_, one) in zip(_weights(run_dir, 12), _weights(reference, 12)):
         # As test_jax: a key bias has no gradient in exact arithmetic, so Adam steps on float noise.
         atol = 1e-2 if name.endswith("key_bias") else 1e-4
         np.testing.assert_allclose(two, one, rtol=1e-4, atol=atol, err_msg=name)
-    assert not np.allclose(_weights(run_dir, 8)[0][1], _weights(run_dir, 24)[0][1])  # it trained
+    assert not np.allclose(_weights(run_dir, 4)[0][1], _weights(run_dir, 12)[0][1])  # it trained
 
 
 def _kill_after_the_first_checkpoint(run_dir, corpus, killed, *flags):
@@ -166,11 +166,11 @@ def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exact
         "stopped answering, so process 1 ends too.", run_dir,
     )  # fmt: skip
     assert seconds < 90
-    assert not (run_dir / "checkpoints" / "ckpt-24").exists()
+    assert not (run_dir / "checkpoints" / "ckpt-12").exists()
 
     outputs = _finish(_start_processes(run_dir, corpus, *ACCUMULATED))
     assert "Resumed from" in outputs[0]
-    for (name, resumed), (_, straight) in zip(_weights(run_dir, 24), _weights(two_processes[0], 24)):
+    for (name, resumed), (_, straight) in zip(_weights(run_dir, 12), _weights(two_processes[0], 12)):
         np.testing.assert_allclose(resumed, straight, rtol=1e-4, atol=1e-5, err_msg=name)
 
     # On another number of processes, the checkpoint is refused, both counts named.
