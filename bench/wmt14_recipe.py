@@ -19,7 +19,9 @@ the checkpoints written, the steps averaged, and both BLEUs with their signature
 """
 
 import argparse
+import contextlib
 import os
+import sys
 import tempfile
 import time
 
@@ -112,7 +114,8 @@ def main(argv=None):
         evaluation = ["--run-dir", run_dir, "--limit", str(args.limit), "--no-xla"]
         print("python -m training.evaluate", " ".join(evaluation), flush=True)
         start = time.perf_counter()
-        evaluate.main(evaluation)
+        with contextlib.redirect_stdout(sys.stderr):  # its JSON goes to metrics.json; stdout is this one's line
+            evaluate.main(evaluation)
         evaluate_wall = time.perf_counter() - start
         scores = RunFolder(run_dir).metrics()
         emit({

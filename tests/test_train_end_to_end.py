@@ -83,9 +83,9 @@ def test_a_run_that_accumulates_batches_resumes_where_it_stopped(tmp_path):
 
     flags = [*MECHANICS, "--accumulate-steps", "2", "--batch-tokens", "1024", "--no-evaluate"]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    train.main(["--run-dir", straight, *flags, "--steps", "8"])
-    train.main(["--run-dir", resumed, *flags, "--steps", "4"])
-    train.main(["--run-dir", resumed, *flags, "--steps", "8"])
+    train.main(["--run-dir", straight, *flags, "--steps", "4"])
+    train.main(["--run-dir", resumed, *flags, "--steps", "2", "--checkpoint-every", "2"])
+    train.main(["--run-dir", resumed, *flags, "--steps", "4", "--checkpoint-every", "2"])
     _assert_same_weights(_weights(resumed), _weights(straight))
 
 
