@@ -12,7 +12,7 @@ scored it (`bleu_paper`, training/paper_bleu.py).
 newstest2014.en / .de, which then stands in for every split: a corpus of WMT's kind, so that the
 commands are known to run where TFDS cannot download. On this machine's CPUs the budget buys a
 few updates, not a model. What the run changes for a CPU is printed with the commands: no XLA
-(each bucket's compilation would take the budget), no mixed precision, one update a call (so
+(each bucket's compilation would take the budget), one update a call (so
 that the clock's checkpoints fall inside the budget), the 10-minute interval scaled to a sixth
 of the budget, and `--limit` sentences translated. Prints one JSON line: seconds an update,
 the checkpoints written, the steps averaged, and both BLEUs with their signatures.

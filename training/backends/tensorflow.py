@@ -138,7 +138,10 @@ class Trainer:
         global_tokens = tf.distribute.get_replica_context().all_reduce("SUM", tokens)
         loss_total, gradients = 0.0, None
         for batch in batches:
-            loss_sum, _, batch_gradients = self.loss_and_gradients(batch, global_tokens)
+            # One batch's activations at a time: the graph would otherwise run the independent
+            # passes side by side, and hold N batches' memory.
+            with tf.control_dependencies(gradients or []):
+                loss_sum, _, batch_gradients = self.loss_and_gradients(batch, global_tokens)
             loss_total += loss_sum
             gradients = batch_gradients if gradients is None else [a + b for a, b in zip(gradients, batch_gradients)]
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
