@@ -97,11 +97,13 @@ ACCUMULATION_RUNS = [("a", 1, 1), ("b", 1, 1), ("union", 1, 1), ("a+b", 1, 1), (
 @pytest.fixture(scope="module")
 def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_sentencepiece, tmp_path_factory):
     """What one JAX process (two host devices) did and printed, in order: the steps of
-    JAX_STEPS; test_train_end_to_end's run on a fake clock; SGD updates on the accumulation batches, one each of a, b, their union and a+b
-    accumulated (on one device and on two), and three of the union and of a+b accumulated; a run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared
-    JAX run (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and
-    averaged; and greedy and beam search of a run that `python -m training.train --backend jax`
-    trained on 8 pairs. Returns (its outputs by name, folder, the 8 pairs)."""
+    JAX_STEPS; SGD updates on the accumulation batches (ACCUMULATION_RUNS: one each of a, b,
+    their union and a+b accumulated, on one device and on two; three of the union and of a+b); a
+    run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared JAX run
+    (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and averaged;
+    conftest's CLOCKED run on a fake clock; and greedy and beam search of a run that `python -m
+    training.train --backend jax` trained on 8 pairs. Returns (its outputs by name, folder, the
+    8 pairs)."""
     from training.average_checkpoints import average_checkpoints
     from training.tokenizer import Tokenizer
 
