@@ -31,22 +31,23 @@ quiet_tensorflow()
 
 from bench import smoke  # noqa: E402
 from bench.common import emit, peak_rss_mb  # noqa: E402
-from keras_transformer.config import paper_accumulate_steps  # noqa: E402
+from keras_transformer.config import PRESETS, paper_accumulate_steps  # noqa: E402
 from training import evaluate, synthetic, train  # noqa: E402
 from training.average_checkpoints import average_checkpoints  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 
 DATASET = "tfds:wmt14_translate/de-en"  # test: newstest2014, 3,003 lines; dev: newstest2013
 AVERAGE_LAST = {"base": 5, "big": 20}  # section 6.1
-STEPS = {"base": 100_000, "big": 300_000}
 
 
-def train_flags(config="base", devices=8, dataset=DATASET):
+def train_flags(config="base", devices=8, dataset=DATASET, checkpoint_minutes=10):
     """`training.train`'s flags for the paper's run of `config` on `devices` GPUs or TPU chips
-    (add --run-dir, and --backend jax --strategy tpu on TPUs)."""
+    (add --run-dir, and --backend jax --strategy tpu on TPUs): the step rule only at the run's
+    last update, so that the clock's rule writes the checkpoints that are averaged."""
     return ["--config", config, "--dataset", dataset, "--source-lang", "en", "--target-lang", "de",
             "--accumulate-steps", str(paper_accumulate_steps(devices)), "--mixed-precision",
-            "--checkpoint-every", str(STEPS[config]), "--checkpoint-every-minutes", "10",
+            "--checkpoint-every", str(PRESETS[config]["training"]["steps"]),
+            "--checkpoint-every-minutes", str(checkpoint_minutes),
             "--keep-checkpoints", str(AVERAGE_LAST[config]), "--no-evaluate"]  # fmt: skip
 
 
@@ -97,8 +98,8 @@ def main(argv=None):
             write_smoke_data(data)
         else:
             data = stand_in_folder(args.data, scratch)
-        flags = [*train_flags(args.config, args.devices, data), *CPU_CHANGES, "--max-minutes", str(args.max_minutes),
-                 "--checkpoint-every-minutes", str(args.max_minutes / 6)]  # fmt: skip
+        flags = [*train_flags(args.config, args.devices, data, checkpoint_minutes=round(args.max_minutes / 6, 3)),
+                 *CPU_CHANGES, "--max-minutes", str(args.max_minutes)]  # fmt: skip
         if args.smoke:  # the tiny model for seconds: bench/smoke.py's mechanics recipe
             flags = [*flags, "--config", "tiny", *smoke.MECHANICS, "--steps", "8", "--batch-tokens", "1024",
                      "--checkpoint-every", "8"]  # fmt: skip

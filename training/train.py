@@ -227,8 +227,9 @@ def train(args, strategy=None):
             tf.summary.scalar("target_tokens_per_second", tokens / seconds)
             tf.summary.scalar("dropped_pairs", dropped)
             tf.summary.scalar("training_minutes", train_seconds / 60)  # the x axis of learning curves
-        if step == boundary or out_of_time() or _periods(train_seconds, args.checkpoint_every_minutes) > periods_saved:
-            periods_saved = _periods(train_seconds, args.checkpoint_every_minutes)
+        clock_periods = _periods(train_seconds, args.checkpoint_every_minutes)
+        if step == boundary or out_of_time() or clock_periods > periods_saved:
+            periods_saved = clock_periods
             saved = backend.save(step, train_seconds)
             say(f"\nSaved checkpoint {saved} at step {step}.")
         periods = _periods(train_seconds, args.eval_every_minutes)
