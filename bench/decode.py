@@ -108,7 +108,7 @@ def measure(mode, beam_size, xla, args, precision="float32"):
             search = lambda s: beam_search(model, s, beam_size=beam_size, **options)  # noqa: E731
         searches = PARALLEL_SEARCHES if mode == "served" else 1
         decode = lambda s: in_parallel(search, s, searches).tokens  # noqa: E731
-    compiled = tf.function(decode, jit_compile=xla)
+    compiled = tf.function(decode, jit_compile=xla, autograph=False)
     tokens = compiled(source)
     assert tokens.shape == (args.batch, args.length) and np.all(tokens.numpy() != 0), "length not forced"
     _emit(mode, beam_size, xla, time_call(lambda: compiled(source).numpy(), args.repeats), args, precision)

@@ -61,6 +61,7 @@ here, `--tensorflow_intra_op_parallelism=1` in TF Serving (export/README.md).
 """
 
 import dataclasses
+import functools
 import inspect
 import os
 
@@ -72,6 +73,10 @@ from keras_transformer.search import (OPTION, OPTIONS, DecodingSettings, Executi
 from keras_transformer.search import score as score_translations
 from keras_transformer.search.input_length import cut
 from keras_transformer.search.outputs import length_limits
+
+# The searches' loops and branches are tf.while_loop and tf.cond already (keras.ops): their graphs
+# need no AutoGraph, whose conversion of the searches' code took a fifth of an export's time.
+graph_function = functools.partial(tf.function, autograph=False)
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 N_SPEC = tf.TensorSpec([None], tf.int32, name="n")
@@ -161,12 +166,12 @@ class Translator(tf.Module):
         self.options = with_defaults(self._options, [TEXT_SPEC, *OPTION_SPECS], defaults)
         self.score = with_defaults(self._score, [TEXT_SPEC, TARGET_SPEC, ALPHA_SPEC], [tf.constant([settings.alpha])])
 
-    @tf.function(input_signature=[TEXT_SPEC])
+    @graph_function(input_signature=[TEXT_SPEC])
     def translate(self, text):
         result = self._translate_ids(self._source_ids(text))
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
-    @tf.function(input_signature=[TEXT_SPEC])
+    @graph_function(input_signature=[TEXT_SPEC])
     def alignments(self, text):
         source_ids = self._source_ids(text)
         result = self._search(self.settings, source_ids)
@@ -183,7 +188,7 @@ class Translator(tf.Module):
             "attention": alignments(self.model, source_ids, tokens, self.settings.alignment_layer),
         }
 
-    @tf.function(input_signature=[TEXT_SPEC, N_SPEC])
+    @graph_function(input_signature=[TEXT_SPEC, N_SPEC])
     def n_best(self, text, n):
         k = self.settings.beam_size
         n = _per_sentence(n, N_SPEC, text)
@@ -196,7 +201,7 @@ class Translator(tf.Module):
             result = self._search(dataclasses.replace(self.settings, num_hypotheses=k), self._source_ids(text))
         return self._lists(result, n)
 
-    @tf.function(input_signature=[TEXT_SPEC, PREFIX_SPEC])
+    @graph_function(input_signature=[TEXT_SPEC, PREFIX_SPEC])
     def prefix(self, text, prefix):
         source_ids = self._source_ids(text)
         prefix_ids = self.tokenizer.tokenize(_clean(_per_sentence(prefix, PREFIX_SPEC, text))).to_tensor()  # [batch, p]
@@ -208,7 +213,7 @@ class Translator(tf.Module):
             result = self._search(self.settings, source_ids, prefix_ids)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
-    @tf.function(input_signature=[TEXT_SPEC, *SAMPLE_SPECS])
+    @graph_function(input_signature=[TEXT_SPEC, *SAMPLE_SPECS])
     def sample(self, text, samples, temperature, top_k, top_p, seed):
         samples, temperature, top_k, top_p, seed = (_per_sentence(value, spec, text) for value, spec
                                                     in zip((samples, temperature, top_k, top_p, seed), SAMPLE_SPECS))  # fmt: skip
@@ -328,7 +333,7 @@ class Translator(tf.Module):
         """One tf.function per kind of search, so that the signatures that search alike share its
         graph, and a SavedModel holds it once."""
         if key not in self._search_functions:
-            self._search_functions[key] = tf.function(search, input_signature=specs)
+            self._search_functions[key] = graph_function(search, input_signature=specs)
         return self._search_functions[key]
 
 
@@ -353,7 +358,7 @@ def _per_sentence(values, spec, text, broadcast=False):
 
 
 def with_defaults(method, specs, defaults):
-    """`tf.function(method, input_signature=specs)` whose last inputs default to `defaults`
+    """`graph_function(method, input_signature=specs)` whose last inputs default to `defaults`
     (tensors of one row): a SavedModel records them in the signature, and TF Serving
     feeds them for inputs a request leaves out."""
 
@@ -367,7 +372,7 @@ def with_defaults(method, specs, defaults):
         + [parameter(spec.name, parameter.POSITIONAL_OR_KEYWORD, default=default)
            for spec, default in zip(specs[required:], defaults)]
     )  # fmt: skip
-    return tf.function(function, input_signature=specs)
+    return graph_function(function, input_signature=specs)
 
 
 def in_parallel(search, batched, searches, shared=()):
@@ -390,7 +395,7 @@ def in_parallel(search, batched, searches, shared=()):
         # A served graph (XLA's know their batch): one function, called once per slice, so that
         # the graph (and a SavedModel) holds the search once.
         specs = [tf.TensorSpec([None] * len(value.shape), value.dtype) for value in (*batched, *shared)]
-        search = tf.function(search, input_signature=specs)
+        search = graph_function(search, input_signature=specs)
     batch = batched[0].shape[0] if batched[0].shape[0] is not None else tf.shape(batched[0])[0]
     cuts = [batch * i // searches for i in range(searches + 1)]
     results = [search(*(value[start:end] for value in batched), *shared) for start, end in zip(cuts, cuts[1:])]

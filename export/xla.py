@@ -19,6 +19,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from export.serving import graph_function
 from keras_transformer.common import EOS_ID, PAD_ID
 from keras_transformer.search import Execution, decode
 
@@ -83,7 +84,7 @@ class CompiledSearch:
     def __init__(self, model, settings, shapes, fallback):
         self.shapes, self.fallback = shapes, fallback
         self.functions = [
-            tf.function(lambda ids: decode(model, ids, settings, COMPILED_EXECUTION), jit_compile=True,
+            graph_function(lambda ids: decode(model, ids, settings, COMPILED_EXECUTION), jit_compile=True,
                         input_signature=[tf.TensorSpec(shape, tf.int32)]).get_concrete_function()
             for shape in shapes.shapes
         ]  # fmt: skip

@@ -71,7 +71,8 @@ def compile_for_backend(model, function, jit_compile=True):
     program."""
     if keras.config.backend() != "jax":
         execution = Execution.choose(compiled=jit_compile)
-        return tf.function(lambda *arrays: function(*arrays, execution), jit_compile=jit_compile)
+        # The search's loops are tf.while_loop already: no AutoGraph conversion (a fifth of an export's time).
+        return tf.function(lambda *arrays: function(*arrays, execution), jit_compile=jit_compile, autograph=False)
     import jax
 
     variables = model.variables
