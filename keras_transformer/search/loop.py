@@ -3,15 +3,14 @@ TensorFlow (graphs, eager) and JAX.
 
 Under JAX and XLA every tensor of the state keeps its shape. A TensorFlow graph without XLA lets
 shapes change (a growing cache, the sentences a search stops decoding), along the axes the loop
-declares (`tf.while_loop`'s shape invariants): the loop finds them by tracing `step` on the
-state's shapes until the shapes it returns stop changing, and frees exactly the axes that did. So
-no field need say what its axes are, and no axis is freed that a step keeps (a vocabulary).
+declares (`tf.while_loop`'s shape invariants): the loop finds them by tracing `step` once on the
+state's shapes and frees exactly the axes that it changes (tf.while_loop then checks that a step
+keeps the rest). So no field need say what its axes are, and no axis is freed that a step keeps (a
+vocabulary).
 """
 
 import keras
 from keras import ops
-
-MAX_SHAPE_TRACES = 4  # a growing axis and a dropping one settle after two
 
 
 def while_loop(condition, step, state, maximum_iterations):
@@ -59,17 +58,11 @@ def while_loop(condition, step, state, maximum_iterations):
 
 
 def _shape_invariants(flat_step, tensors):
-    """The shapes that `flat_step`'s inputs keep from step to step: each axis that a traced step
-    changes becomes unknown, until a step maps the shapes to themselves."""
+    """The shapes that `flat_step`'s inputs keep from step to step: those of `tensors` with each
+    axis that one step, traced on them, changes unknown. (A step that changed another axis of them
+    would make tf.while_loop refuse them.)"""
     import tensorflow as tf
 
-    shapes = [tensor.shape for tensor in tensors]
-    for _ in range(MAX_SHAPE_TRACES):
-        specs = [tf.TensorSpec(shape, tensor.dtype) for shape, tensor in zip(shapes, tensors)]
-        traced = tf.function(flat_step, autograph=False).get_concrete_function(*specs)
-        outputs = tf.nest.flatten(traced.structured_outputs)
-        relaxed = [shape.most_specific_compatible_shape(output.shape) for shape, output in zip(shapes, outputs)]
-        if [shape.as_list() for shape in relaxed] == [shape.as_list() for shape in shapes]:
-            return tuple(shapes)
-        shapes = relaxed
-    raise ValueError(f"The search step's shapes did not settle after {MAX_SHAPE_TRACES} traces: {shapes}.")
+    specs = [tf.TensorSpec(tensor.shape, tensor.dtype) for tensor in tensors]
+    outputs = tf.nest.flatten(tf.function(flat_step, autograph=False).get_concrete_function(*specs).structured_outputs)
+    return tuple(tensor.shape.most_specific_compatible_shape(output.shape) for tensor, output in zip(tensors, outputs))
