@@ -2,6 +2,7 @@
 compilation cache for the JAX processes that tests start, the slow tests first; what the
 TensorFlow and the JAX checks of one feature share."""
 
+import functools
 import json
 import os
 import subprocess
@@ -188,3 +189,10 @@ def reversal_model(artifacts):
     weights = os.path.join(artifacts.reversal, "model.weights.h5")
     model.load_weights(weights)
     return model, weights, np.load(os.path.join(artifacts.reversal, "sources.npy"))
+
+
+@functools.cache
+def loaded_export(path):
+    """`tf.saved_model.load(path)`, once a test process: tests that call an export of the shared
+    artifacts share it (a load takes seconds, and so does each of its functions' first call)."""
+    return tf.saved_model.load(path)

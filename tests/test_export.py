@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 
+from conftest import loaded_export
 from export.serving import PARALLEL_SEARCHES, SIGNATURES
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
@@ -103,7 +104,7 @@ def test_a_fresh_process_with_only_tensorflow_and_tf_text_and_no_onednn_translat
 
 
 def test_the_signature_and_assets(exported):
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     signature = loaded.signatures["serving_default"]
     (spec,) = signature.structured_input_signature[1].values()
     assert (spec.name, spec.dtype, spec.shape.as_list()) == ("text", tf.string, [None])
@@ -133,7 +134,7 @@ def test_saved_model_cli_shows_the_signature_and_runs_it(exported):
          "serving_default", "--input_exprs", f"text={json.dumps(SENTENCES[:1])}"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     translation = loaded.translate(tf.constant(SENTENCES[:1]))["translation"].numpy()[0]
     assert f"Result for output key translation:\n[{translation!r}]" in ran
 
@@ -246,7 +247,7 @@ def _call(signature, inputs):
 def test_rest_and_grpc_bodies_of_every_signature_convert_to_the_signature_and_back(exported):
     from tensorflow_serving.apis import predict_pb2
 
-    loaded = tf.saved_model.load(exported[4])  # keep it: the signatures need its variables
+    loaded = loaded_export(exported[4])
     assert set(loaded.signatures) == set(_requests())
     for name, inputs in _requests().items():
         signature = loaded.signatures[name]
@@ -279,7 +280,7 @@ def test_server_side_batching_merges_requests_of_different_list_lengths(exported
     """TF Serving's batching concatenates the inputs of several requests along the first
     dimension, runs the signature once and splits every output the same way: each request gets
     its own rows, as wide as the longest list among those merged, the rest padded."""
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     signature = loaded.signatures[name]
     whole = _requests()[name]
     requests = [{key: value[:2] for key, value in whole.items()}, {key: value[2:] for key, value in whole.items()}]
@@ -307,7 +308,7 @@ def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported)
     from tensorflow_serving.apis import prediction_log_pb2
 
     path = os.path.join(exported[4], "assets.extra", "tf_serving_warmup_requests")
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     requests = []
     for record in tf.data.TFRecordDataset(path):
         log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
@@ -327,7 +328,7 @@ def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported)
 
 
 def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyond_the_beam(exported):
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     signature = loaded.signatures["n_best"]
     specs = signature.structured_input_signature[1]
     assert {name: (spec.dtype, spec.shape.as_list()) for name, spec in specs.items()} == {
@@ -355,7 +356,7 @@ def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyo
             signature(text=tf.constant(SENTENCES), n=tf.constant(bad))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"Shape of tensor n .* not compatible with expected shape \[\?\]"):
         signature._call_flat([tf.constant(2), tf.constant(SENTENCES)], signature.captured_inputs)  # inputs in name order
-    greedy = tf.saved_model.load(exported[1])
+    greedy = loaded_export(exported[1])
     one = greedy.n_best(tf.constant(SENTENCES), tf.constant([1, 1, 1]))
     np.testing.assert_array_equal(one["translations"][:, 0], greedy.translate(tf.constant(SENTENCES))["translation"])
     with pytest.raises(tf.errors.InvalidArgumentError, match="n must be 1 to the beam size, 1"):
@@ -365,7 +366,7 @@ def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyo
 def test_alignments_are_the_models_attention_for_the_translation_it_serves(exported, run_dir):
     from keras_transformer.search import alignments
 
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     signature = loaded.signatures["alignments"]
     outputs = {key: (spec.dtype, spec.shape.as_list()) for key, spec in signature.structured_outputs.items()}
     assert outputs == {"translation": (tf.string, [None]), "score": (tf.float32, [None]),
@@ -399,7 +400,7 @@ def _signature_inputs(signature):
 def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_long_is_refused(exported, run_dir):
     from keras_transformer.search import decode
 
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     signature = loaded.signatures["prefix"]
     assert _signature_inputs(signature) == {"text": (tf.string, [None]), "prefix": (tf.string, [None])}
     best = loaded.translate(tf.constant(SENTENCES))
@@ -433,7 +434,7 @@ def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_lo
 def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_options_are_refused(exported, run_dir):
     from keras_transformer.search import sample_search
 
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     signature = loaded.signatures["sample"]
     assert _signature_inputs(signature) == {"text": (tf.string, [None]), "samples": (tf.int32, [None]),
                                             "temperature": (tf.float32, [None]), "top_k": (tf.int32, [None]),
@@ -444,7 +445,7 @@ def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_o
         inputs = {name: tf.fill([len(text)], value) for name, value in values.items()}
         return {key: value.numpy() for key, value in signature(text=tf.constant(text), seed=tf.constant(seed), **inputs).items()}
 
-    greedy_export = tf.saved_model.load(exported[1])  # kept: its function needs its variables
+    greedy_export = loaded_export(exported[1])
     greedy = greedy_export.translate(tf.constant(SENTENCES))
     top_1 = sample(top_k=1)
     for column in range(3):
@@ -480,7 +481,7 @@ def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_o
 
 
 def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming_text(exported):
-    loaded = tf.saved_model.load(exported[1])
+    loaded = loaded_export(exported[1])
     signature = loaded.signatures["serving_default"]
     # TF Serving's C++ runtime feeds any shape it is sent; _call_flat does too (Python callers
     # are checked against the signature before the graph runs).
@@ -541,7 +542,7 @@ def test_every_node_has_a_stock_cpu_kernel_for_its_dtypes_and_none_is_xla(export
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_a_reduced_precision_export_holds_its_weights_in_that_precision_and_scores_in_float32(exported, precision):
     """(How it translates: test_a_fresh_process_with_only_tensorflow_and_tf_text_and_no_onednn_...)"""
-    reduced, full = tf.saved_model.load(exported[precision]), tf.saved_model.load(exported[4])
+    reduced, full = loaded_export(exported[precision]), loaded_export(exported[4])
     kernels = [v for v in reduced.model_variables if v.name.endswith("kernel:0") or "embedding" in v.name]
     assert kernels and {v.dtype for v in kernels} == {tf.as_dtype(precision)}
     assert {v.dtype for v in full.model_variables} == {tf.float32}
@@ -551,7 +552,7 @@ def test_a_reduced_precision_export_holds_its_weights_in_that_precision_and_scor
 
 
 def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
-    loaded = tf.saved_model.load(exported[4])
+    loaded = loaded_export(exported[4])
     translate = lambda texts: loaded.translate(tf.constant(texts))  # noqa: E731
     texts = [t.encode("latin-1") if "\xff" in t else t.encode() for t in BAD_INPUTS]
     result = translate(texts)
@@ -585,7 +586,7 @@ def test_translate_command_line(exported, tmp_path, capsys, monkeypatch):
         return capsys.readouterr().out.splitlines()
 
     base = os.path.dirname(exported[4])  # versions 1 (greedy) and 4: the base path means the highest
-    loaded = tf.saved_model.load(exported[4])  # kept: its functions need its variables
+    loaded = loaded_export(exported[4])
     expected = loaded.translate(tf.constant(SENTENCES))
     translations = [t.decode() for t in expected["translation"].numpy()]
     command = [sys.executable, "-m", "export.translate", base]
@@ -677,7 +678,7 @@ def test_tfsm_layer_inside_another_keras_model(exported):
     outputs = keras.layers.TFSMLayer(exported[1], call_endpoint="serving_default")(text)
     model = keras.Model(text, outputs["translation"])
     translations = model(tf.constant(SENTENCES))
-    loaded = tf.saved_model.load(exported[1])
+    loaded = loaded_export(exported[1])
     expected = loaded.translate(tf.constant(SENTENCES))["translation"]
     np.testing.assert_array_equal(translations, expected)
 

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from conftest import loaded_export
 from export.serving import OPTION_SPECS, options_table
 from keras_transformer import BOS_ID, PAD_ID
 from keras_transformer.search import OPTIONS, DecodingSettings, decode
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def served(artifacts):
-    return tf.saved_model.load(artifacts.exports[4])
+    return loaded_export(artifacts.exports[4])
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import loaded_export
 from export.xla import CompiledShapes
 
 # Small shapes for the suite's model (sources of at most 24 pieces): 2 x 2 compilations.
@@ -75,7 +76,7 @@ def test_the_xla_export_translates_like_the_default_and_compiles_only_in_its_war
     assert len(compiled) == len(SHAPES.shapes), served["warmed_up"]
     assert served["later"] == []
 
-    default = tf.saved_model.load(artifacts.exports[4]).signatures["serving_default"]
+    default = loaded_export(artifacts.exports[4]).signatures["serving_default"]
     for texts, (translations, scores) in zip(requests, served["results"], strict=True):
         expected = default(text=tf.constant(texts))
         assert translations == [t.decode() for t in expected["translation"].numpy()], texts
