@@ -85,7 +85,7 @@ class CompiledSearch:
         self.shapes, self.fallback = shapes, fallback
         self.functions = [
             graph_function(lambda ids: decode(model, ids, settings, COMPILED_EXECUTION), jit_compile=True,
-                        input_signature=[tf.TensorSpec(shape, tf.int32)]).get_concrete_function()
+                           input_signature=[tf.TensorSpec(shape, tf.int32)]).get_concrete_function()
             for shape in shapes.shapes
         ]  # fmt: skip
 
