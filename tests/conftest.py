@@ -1,6 +1,6 @@
 """Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, JAX's
 compilation cache for the JAX processes that tests start, the slow tests first; what the
-TensorFlow and the JAX checks of one feature share."""
+TensorFlow and the JAX checks of one feature share; one load of each shared export a process."""
 
 import functools
 import json
