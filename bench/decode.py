@@ -44,6 +44,7 @@ from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # 
 from export.saved_model import in_precision  # noqa: E402
 from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads  # noqa: E402
 from keras_transformer.search import Execution, beam_search, greedy_search  # noqa: E402
+from keras_transformer.search.loop import graph_function  # noqa: E402
 
 # (mode, beam size, XLA): the rows of every round, then those measured once, for context.
 ROWS = [("served", 1, False), ("cached", 1, False), ("cached", 1, True), ("ctranslate2", 1, False),
@@ -108,7 +109,7 @@ def measure(mode, beam_size, xla, args, precision="float32"):
             search = lambda s: beam_search(model, s, beam_size=beam_size, **options)  # noqa: E731
         searches = PARALLEL_SEARCHES if mode == "served" else 1
         decode = lambda s: in_parallel(search, s, searches).tokens  # noqa: E731
-    compiled = tf.function(decode, jit_compile=xla, autograph=False)
+    compiled = graph_function(decode, jit_compile=xla)
     tokens = compiled(source)
     assert tokens.shape == (args.batch, args.length) and np.all(tokens.numpy() != 0), "length not forced"
     _emit(mode, beam_size, xla, time_call(lambda: compiled(source).numpy(), args.repeats), args, precision)

@@ -61,7 +61,6 @@ here, `--tensorflow_intra_op_parallelism=1` in TF Serving (export/README.md).
 """
 
 import dataclasses
-import functools
 import inspect
 import os
 
@@ -72,11 +71,8 @@ from keras_transformer.search import (OPTION, OPTIONS, DecodingSettings, Executi
                                       sample_search)  # fmt: skip
 from keras_transformer.search import score as score_translations
 from keras_transformer.search.input_length import cut
+from keras_transformer.search.loop import graph_function
 from keras_transformer.search.outputs import length_limits
-
-# The searches' loops and branches are tf.while_loop and tf.cond already (keras.ops): their graphs
-# need no AutoGraph, whose conversion of the searches' code took a fifth of an export's time.
-graph_function = functools.partial(tf.function, autograph=False)
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 N_SPEC = tf.TensorSpec([None], tf.int32, name="n")

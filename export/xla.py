@@ -19,9 +19,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from export.serving import graph_function
 from keras_transformer.common import EOS_ID, PAD_ID
 from keras_transformer.search import Execution, decode
+from keras_transformer.search.loop import graph_function
 
 # The execution of a search compiled by XLA on CPUs (a static cache, the argmax top k).
 COMPILED_EXECUTION = Execution.choose(compiled=True, platform="cpu")

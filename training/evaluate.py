@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import PAD_ID  # noqa: E402
 from keras_transformer.search import OPTIONS, STOPPING_RULES, DecodingSettings, Execution, decode  # noqa: E402
+from keras_transformer.search.loop import graph_function  # noqa: E402
 from training import paper_bleu, run_folder  # noqa: E402
 from training.data import bucket_lengths  # noqa: E402
 
@@ -71,8 +72,7 @@ def compile_for_backend(model, function, jit_compile=True):
     program."""
     if keras.config.backend() != "jax":
         execution = Execution.choose(compiled=jit_compile)
-        # The search's loops are tf.while_loop already: no AutoGraph conversion (a fifth of an export's time).
-        return tf.function(lambda *arrays: function(*arrays, execution), jit_compile=jit_compile, autograph=False)
+        return graph_function(lambda *arrays: function(*arrays, execution), jit_compile=jit_compile)
     import jax
 
     variables = model.variables
