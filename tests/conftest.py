@@ -192,7 +192,8 @@ def reversal_model(artifacts):
 
 
 @functools.cache
-def loaded_export(path):
+def loaded_export(path, load=tf.saved_model.load):
     """`tf.saved_model.load(path)`, once a test process: tests that call an export of the shared
-    artifacts share it (a load takes seconds, and so does each of its functions' first call)."""
-    return tf.saved_model.load(path)
+    artifacts share it (a load takes seconds, and so does each of its functions' first call).
+    A test may put it in place of `tf.saved_model.load` for the commands it calls in-process."""
+    return load(path)

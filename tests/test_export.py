@@ -596,6 +596,7 @@ def test_translate_command_line(exported, tmp_path, capsys, monkeypatch):
                                   env=as_a_user, timeout=300)  # fmt: skip
     assert by_arguments.stdout.splitlines() == translations[:2]
     assert by_arguments.stderr == "", "TensorFlow's C++ logs leaked into a quiet command"
+    monkeypatch.setattr(tf.saved_model, "load", loaded_export)  # the calls below: the load of this process
 
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")

@@ -178,7 +178,8 @@ def test_translate_command_line_takes_each_option_and_scores_a_file(artifacts, t
         return capsys.readouterr()
 
     export = artifacts.exports[4]
-    served = tf.saved_model.load(export)  # kept: its functions need its variables
+    served = loaded_export(export)
+    monkeypatch.setattr(tf.saved_model, "load", loaded_export)  # translate.main's load: this one
     printed = run(export, *SENTENCES, "--no-repeat-ngram-size", 1, "--disable-unk", "--suppress-sequences", "Hund",
                   "--max-input-length", 6)  # fmt: skip
     expected = served.options(tf.constant(SENTENCES), no_repeat_ngram_size=tf.constant([1]), disable_unk=tf.constant([True]),

@@ -19,7 +19,6 @@ reads 0.7-1.8 BLEU above cased sacreBLEU (Post 2018; fairseq issues #435 and #20
 import re
 
 import sacrebleu
-import sacremoses
 
 # Target languages whose paper figures were scored this way (get_ende_bleu.sh is German's).
 LANGUAGES = ("de",)
@@ -45,6 +44,8 @@ class PaperBleu:
         if language not in LANGUAGES:
             raise ValueError(f"The paper's BLEU is defined for targets in {LANGUAGES}, not {language!r}.")
         self.language = language
+        import sacremoses  # here: its import compiles its regexes, a quarter second each process would pay
+
         self._normalizer = sacremoses.MosesPunctNormalizer(lang=language)
         self._tokenizer = sacremoses.MosesTokenizer(lang=language)
         self._bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
@@ -66,5 +67,7 @@ class PaperBleu:
     @property
     def signature(self):
         """What the figure is, in the manner of sacreBLEU's signatures."""
+        import sacremoses
+
         return (f"nrefs:1|case:mixed|eff:no|tok:moses-{self.language}+compound-split|hyp:replace-unicode-punct|"
                 f"smooth:none|sacremoses:{sacremoses.__version__}|sacrebleu:{sacrebleu.__version__}|t2t:get_ende_bleu.sh")  # fmt: skip
