@@ -191,9 +191,12 @@ def reversal_model(artifacts):
     return model, weights, np.load(os.path.join(artifacts.reversal, "sources.npy"))
 
 
+_LOAD = tf.saved_model.load  # loaded_export's, also while a test has put loaded_export in its place
+
+
 @functools.cache
-def loaded_export(path, load=tf.saved_model.load):
+def loaded_export(path):
     """`tf.saved_model.load(path)`, once a test process: tests that call an export of the shared
     artifacts share it (a load takes seconds, and so does each of its functions' first call).
     A test may put it in place of `tf.saved_model.load` for the commands it calls in-process."""
-    return load(path)
+    return _LOAD(path)
