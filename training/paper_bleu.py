@@ -49,6 +49,10 @@ class PaperBleu:
         self._normalizer = sacremoses.MosesPunctNormalizer(lang=language)
         self._tokenizer = sacremoses.MosesTokenizer(lang=language)
         self._bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
+        # What the figure is, in the manner of sacreBLEU's signatures.
+        self.signature = (f"nrefs:1|case:mixed|eff:no|tok:moses-{language}+compound-split|hyp:replace-unicode-punct|"
+                          f"smooth:none|sacremoses:{sacremoses.__version__}|sacrebleu:{sacrebleu.__version__}|"
+                          "t2t:get_ende_bleu.sh")  # fmt: skip
 
     def tokenize(self, line, hypothesis=False):
         """Steps 1 (for a hypothesis) to 3 on one line: the tokens multi-bleu.perl counts, joined
@@ -63,11 +67,3 @@ class PaperBleu:
         hypotheses = [self.tokenize(line, hypothesis=True) for line in translations]
         tokenized_references = [self.tokenize(line) for line in references]
         return round(self._bleu.corpus_score(hypotheses, [tokenized_references]).score, 2)
-
-    @property
-    def signature(self):
-        """What the figure is, in the manner of sacreBLEU's signatures."""
-        import sacremoses
-
-        return (f"nrefs:1|case:mixed|eff:no|tok:moses-{self.language}+compound-split|hyp:replace-unicode-punct|"
-                f"smooth:none|sacremoses:{sacremoses.__version__}|sacrebleu:{sacrebleu.__version__}|t2t:get_ende_bleu.sh")  # fmt: skip
