@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.search import OPTION, Execution, beam_search, greedy_search, length_penalty, sample_search
 from keras_transformer.search.input_length import cut
-from search_helpers import _model, _never_ends, _nonzero_lengths, _sources
+from search_helpers import _forward, _model, _never_ends, _nonzero_lengths, _sources
 
 VOCAB = 7  # padding, unknown, begin and end of sentence, and three more
 LIMIT = 4  # output tokens, the end of sentence included
@@ -46,7 +46,7 @@ def _log_probs(model, source, hypotheses, length):
     inputs = np.zeros((len(hypotheses), length), "int32")
     for row, hypothesis in enumerate(hypotheses):
         inputs[row, : len(hypothesis)] = [BOS_ID, *hypothesis[:-1]]
-    logits = np.asarray(model((np.repeat(source[None], len(hypotheses), axis=0), inputs)))
+    logits = np.asarray(_forward(model)(np.repeat(source[None], len(hypotheses), axis=0), inputs))
     log_probs = np.asarray(tf.nn.log_softmax(logits[..., 1:]))  # padding is never generated
     return np.concatenate([np.full(log_probs.shape[:-1] + (1,), -np.inf), log_probs], axis=-1)
 

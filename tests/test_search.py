@@ -10,7 +10,7 @@ from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerCo
 from keras_transformer.common import take_per_row
 from keras_transformer.search import Execution, SearchResult, beam_search, greedy_search, length_penalty
 from keras_transformer.search import top_k as top_k_module
-from search_helpers import _EosLogit, _ends_at, _model, _never_ends, _nonzero_lengths, _sources
+from search_helpers import _EosLogit, _ends_at, _forward, _model, _never_ends, _nonzero_lengths, _sources
 
 
 def test_beam_size_one_is_greedy(rng):
@@ -42,7 +42,7 @@ def _exhaustive(model, source, max_length, alpha):
     target_inputs = np.zeros((len(hypotheses), max_length), "int32")
     for row, hypothesis in enumerate(hypotheses):
         target_inputs[row, : len(hypothesis)] = [BOS_ID] + hypothesis[:-1]
-    logits = model((np.repeat(source[None], len(hypotheses), axis=0), target_inputs))
+    logits = _forward(model)(np.repeat(source[None], len(hypotheses), axis=0), target_inputs)
     log_probs = np.asarray(tf.nn.log_softmax(logits[..., 1:]))  # over every token but padding (id 0)
     log_probs = np.concatenate([np.full(log_probs.shape[:-1] + (1,), -np.inf), log_probs], axis=-1)
     scored = []
@@ -172,7 +172,7 @@ def _first_k_reference(model, source, eos_logit, k, alpha, limit):
         extensions = []
         for tokens, log_prob in alive:
             inputs = np.array([[BOS_ID] + tokens], "int32")
-            logits = np.array(model((source[None], inputs))[0, -1], "float64")
+            logits = np.array(_forward(model)(source[None], inputs)[0, -1], "float64")
             logits[EOS_ID] += float(eos_logit(index, float(np.sum(source != PAD_ID))))
             logits[PAD_ID] = -np.inf
             log_probs = logits - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()
@@ -301,7 +301,7 @@ def test_n_best_is_sorted_and_distinct_and_starts_with_the_best(rng):
 
 def _log_prob(model, source, hypothesis):
     """log P(hypothesis | source) by one full forward pass (padding never generated)."""
-    logits = np.asarray(model((source[None], np.array([[BOS_ID, *hypothesis[:-1]]], "int32"))))[0]
+    logits = np.asarray(_forward(model)(source[None], np.array([[BOS_ID, *hypothesis[:-1]]], "int32")))[0]
     log_probs = np.asarray(tf.nn.log_softmax(logits[:, 1:]))  # over every token but padding (id 0)
     return sum(log_probs[i, t - 1] for i, t in enumerate(hypothesis))
 
@@ -332,7 +332,7 @@ def test_greedy_search_continues_a_target_prefix_by_the_most_likely_tokens(rng):
         source = source[source != PAD_ID]
         hypothesis = [int(t) for t in prefixes[row] if t != PAD_ID]
         while len(hypothesis) < len(source) + extra and EOS_ID not in hypothesis:
-            logits = np.asarray(model((source[None], np.array([[BOS_ID, *hypothesis]], "int32"))))[0, -1]
+            logits = np.asarray(_forward(model)(source[None], np.array([[BOS_ID, *hypothesis]], "int32")))[0, -1]
             hypothesis.append(1 + int(np.argmax(logits[1:])))  # never padding (id 0)
         output = [t for t in hypothesis if t != EOS_ID]
         tokens = np.asarray(result.tokens[row])
