@@ -25,6 +25,13 @@ def _forward(model):
     return tf.function(lambda source, target: model((source, target)), autograph=False, input_signature=[spec, spec])
 
 
+def _length_penalty(length, alpha):
+    """GNMT's `lp(Y) = ((5 + |Y|) / 6) ** alpha` (Wu et al., 2016; the paper's decoding), in
+    plain Python for the references: independent of the library's, and free of a TensorFlow op a
+    hypothesis."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
 def _sources(rng, lengths, vocab_size):
     ids = np.zeros((len(lengths), max(lengths)), "int32")
     for row, length in enumerate(lengths):

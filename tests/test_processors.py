@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.search import OPTION, Execution, beam_search, greedy_search, length_penalty, sample_search
+from keras_transformer.search import OPTION, Execution, beam_search, greedy_search, sample_search
 from keras_transformer.search.input_length import cut
-from search_helpers import _forward, _model, _never_ends, _nonzero_lengths, _sources
+from search_helpers import _forward, _length_penalty, _model, _never_ends, _nonzero_lengths, _sources
 
 VOCAB = 7  # padding, unknown, begin and end of sentence, and three more
 LIMIT = 4  # output tokens, the end of sentence included
@@ -69,7 +69,7 @@ def _exhaustive_best(model, source, limit, alpha, options):
     for row, hypothesis in enumerate(hypotheses):
         values = [_value(hypothesis, i, log_probs[row], options) for i in range(len(hypothesis))]
         if None not in values:
-            score = sum(values) / float(length_penalty(len(hypothesis), alpha))
+            score = sum(values) / _length_penalty(len(hypothesis), alpha)
             best = max(best, (score, [t for t in hypothesis if t != EOS_ID]), key=lambda pair: pair[0])
     return best
 
@@ -84,7 +84,7 @@ def _greedy_reference(model, source, limit, alpha, options):
         token = int(np.argmax(values))
         hypothesis.append(token)
         total += values[token]
-    return total / float(length_penalty(len(hypothesis), alpha)), [t for t in hypothesis if t != EOS_ID]
+    return total / _length_penalty(len(hypothesis), alpha), [t for t in hypothesis if t != EOS_ID]
 
 
 def _outputs(result):

@@ -8,9 +8,9 @@ import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig
 from keras_transformer.common import take_per_row
-from keras_transformer.search import Execution, SearchResult, beam_search, greedy_search, length_penalty
+from keras_transformer.search import Execution, SearchResult, beam_search, greedy_search
 from keras_transformer.search import top_k as top_k_module
-from search_helpers import _EosLogit, _ends_at, _forward, _model, _never_ends, _nonzero_lengths, _sources
+from search_helpers import _EosLogit, _ends_at, _forward, _length_penalty, _model, _never_ends, _nonzero_lengths, _sources
 
 
 def test_beam_size_one_is_greedy(rng):
@@ -49,7 +49,7 @@ def _exhaustive(model, source, max_length, alpha):
     for row, hypothesis in enumerate(hypotheses):
         log_prob = sum(log_probs[row, i, t] for i, t in enumerate(hypothesis))
         output = [t for t in hypothesis if t != EOS_ID]
-        scored.append((log_prob / float(length_penalty(len(hypothesis), alpha)), output))
+        scored.append((log_prob / _length_penalty(len(hypothesis), alpha), output))
     return sorted(scored, key=lambda pair: -pair[0])
 
 
@@ -181,7 +181,7 @@ def _first_k_reference(model, source, eos_logit, k, alpha, limit):
         alive = []
         for tokens, log_prob in extensions:
             if tokens[-1] == EOS_ID or index + 1 >= limit:
-                ended.append((log_prob / float(length_penalty(len(tokens), alpha)), [t for t in tokens if t != EOS_ID]))
+                ended.append((log_prob / _length_penalty(len(tokens), alpha), [t for t in tokens if t != EOS_ID]))
             else:
                 alive.append((tokens, log_prob))
         if len(ended) >= k:
@@ -337,7 +337,7 @@ def test_greedy_search_continues_a_target_prefix_by_the_most_likely_tokens(rng):
         output = [t for t in hypothesis if t != EOS_ID]
         tokens = np.asarray(result.tokens[row])
         assert list(tokens[tokens != PAD_ID]) == output
-        expected = _log_prob(model, source, hypothesis) / float(length_penalty(len(hypothesis), 0.6))
+        expected = _log_prob(model, source, hypothesis) / _length_penalty(len(hypothesis), 0.6)
         np.testing.assert_allclose(result.scores[row], expected, rtol=1e-5)
 
 
