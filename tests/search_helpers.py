@@ -1,5 +1,5 @@
-"""What tests of the searches share: small random models, sources, and a model double that
-moves the end-of-sentence logit."""
+"""What tests of the searches share: small random models, sources, the brute-force references'
+forward pass and length penalty, and a model double that moves the end-of-sentence logit."""
 
 import functools
 
