@@ -4,7 +4,7 @@ second, its ratio to the first export's in the same round, and the share of its 
 equal to the first's (and each one's cased BLEU when FILE holds references).
 
     python -m bench.compare_exports --sentences FILE BASE/1 OTHER/1 [--batch 32] [--rounds 10]
-    python -m bench.compare_exports --smoke                # seconds: the smoke export against itself
+    python -m bench.compare_exports --smoke                # seconds: the smoke exports, beam 4 against greedy
 
 Alternating processes (bench.real_serving) move by up to 20% from one to the next on a shared
 2-core machine; in one process a round's drift hits every export alike, so the median of ten
@@ -50,7 +50,7 @@ def compare(export_dirs, sources, batch, rounds, references=None):
     from export.serving import use_serving_threads
 
     use_serving_threads()
-    serving = {}  # an export named twice (the smoke mode's against itself) is loaded once
+    serving = {}  # an export named twice is loaded once
     for export_dir in dict.fromkeys(export_dirs):
         loaded = tf.saved_model.load(export_dir)
         replay_warmup_requests(export_dir, loaded)
@@ -96,16 +96,19 @@ def add_request_flags(parser, rounds):
     parser.add_argument("--smoke", action="store_true")
 
 
-def run_smoke(module, exports_of):
-    """`python -m module` in a fresh process (its threads) on the smoke export (`exports_of(folder)`:
-    the positional arguments) and three sentences, two a request, for two rounds."""
-    from bench import smoke
+# The smoke modes' sentences.
+SMOKE_SENTENCES = ["a small test", "another sentence here", "and a third", "the dog sees the red car ."]
 
+
+def run_smoke(module, exports_of):
+    """`python -m module` in a fresh process (its threads) on the smoke exports (`exports_of(scratch)`:
+    the positional arguments; bench/smoke.py's `export`) and SMOKE_SENTENCES, two a request, for two
+    rounds."""
     with tempfile.TemporaryDirectory() as scratch:
         sentences = os.path.join(scratch, "sentences.txt")
         with open(sentences, "w") as f:
-            f.write("a small test\nanother sentence here\nand a third\n")
-        run_isolated(module, [*exports_of(smoke.export(scratch)), f"--sentences={sentences}", "--batch=2", "--rounds=2"])
+            f.write("".join(sentence + "\n" for sentence in SMOKE_SENTENCES))
+        run_isolated(module, [*exports_of(scratch), f"--sentences={sentences}", "--batch=2", "--rounds=2"])
 
 
 def main():
@@ -113,8 +116,10 @@ def main():
     parser.add_argument("exports", nargs="*", help="SavedModel version folders; ratios are to the first")
     add_request_flags(parser, rounds=10)
     args = parser.parse_args()
-    if args.smoke:  # one export against itself
-        run_smoke("bench.compare_exports", lambda exported: [exported, exported])
+    if args.smoke:
+        from bench import smoke
+
+        run_smoke("bench.compare_exports", lambda scratch: [smoke.export(scratch), smoke.export(scratch, beam_size=1)])
         return
     if len(args.exports) < 2 or not args.sentences:
         parser.error("two or more exports and --sentences are needed (or --smoke)")

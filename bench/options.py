@@ -80,7 +80,9 @@ def main():
     add_request_flags(parser, rounds=6)
     args = parser.parse_args()
     if args.smoke:
-        run_smoke("bench.options", lambda exported: [exported])
+        from bench import smoke
+
+        run_smoke("bench.options", lambda scratch: [smoke.export(scratch)])
         return
     if not args.export or not args.sentences:
         parser.error("an export and --sentences are needed (or --smoke)")

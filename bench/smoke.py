@@ -11,7 +11,8 @@ the test suite shares (tests/artifacts.py builds them once, under both backends)
                 and need no learning
     run(...)    the run folder $KERAS_TRANSFORMER_SMOKE_RUN names, else one trained now
     export(...) the SavedModel $KERAS_TRANSFORMER_SMOKE_EXPORT names (beam 4, the paper's
-                decoding), else the run exported now
+                decoding), or $KERAS_TRANSFORMER_SMOKE_GREEDY_EXPORT (beam 1), else the run
+                exported now
 """
 
 import os
@@ -22,6 +23,7 @@ MECHANICS = [*TRAINING, "--steps", "40", "--batch-tokens", "512", "--checkpoint-
 
 RUN_VARIABLE = "KERAS_TRANSFORMER_SMOKE_RUN"
 EXPORT_VARIABLE = "KERAS_TRANSFORMER_SMOKE_EXPORT"
+GREEDY_EXPORT_VARIABLE = "KERAS_TRANSFORMER_SMOKE_GREEDY_EXPORT"
 
 
 def run(scratch):
@@ -38,11 +40,14 @@ def run(scratch):
     return run_dir
 
 
-def export(scratch):
-    """The smoke run's SavedModel version folder (beam 4): the one $KERAS_TRANSFORMER_SMOKE_EXPORT
-    names, else `run(scratch)` exported into `scratch`."""
-    if os.environ.get(EXPORT_VARIABLE):
-        return os.environ[EXPORT_VARIABLE]
+def export(scratch, beam_size=4):
+    """The smoke run's SavedModel version folder of `beam_size` (4 or 1): the one that
+    $KERAS_TRANSFORMER_SMOKE_EXPORT (or $KERAS_TRANSFORMER_SMOKE_GREEDY_EXPORT) names, else
+    `run(scratch)` exported into `scratch` (version `beam_size`)."""
+    variable = {4: EXPORT_VARIABLE, 1: GREEDY_EXPORT_VARIABLE}[beam_size]
+    if os.environ.get(variable):
+        return os.environ[variable]
     from export.saved_model import export as export_run
+    from keras_transformer.search import DecodingSettings
 
-    return export_run(run(scratch), os.path.join(scratch, "exports"))
+    return export_run(run(scratch), os.path.join(scratch, "exports"), DecodingSettings(beam_size=beam_size), version=beam_size)

@@ -24,8 +24,9 @@
     train ...FLAGS, evaluate ...FLAGS      training.train's and training.evaluate's main
     clocked RUN_DIR SECONDS ...FLAGS       training.train on a fake clock, each call of training
                                            steps SECONDS long; prints its checkpoints' steps
-    remote RUN_DIR ...FLAGS                train 4 steps, then on to 8 (resuming), and average, in a
+    remote RUN_DIR OUT ...FLAGS            train 4 steps, then on to 8 (resuming), and average, in a
                                            run folder on a non-POSIX filesystem (ram://); prints JSON
+                                           and writes the model at step 8 to OUT (.weights.h5)
     two-shares RUN_DIR ...FLAGS            train with FLAGS in this one process on global batches
                                            made as two processes make them: rows of share 0 of
                                            2, then rows of share 1, of one scheduled bucket
@@ -224,13 +225,14 @@ def clocked(run_dir, seconds_per_call, *flags):
     print(json.dumps([step for step, _ in RunFolder(run_dir).checkpoints()]))
 
 
-def remote(run_dir, *flags):
+def remote(run_dir, out, *flags):
     from training.average_checkpoints import average_checkpoints
 
     train(parse_args(["--run-dir", run_dir, *flags, "--steps", "4"]))
     _, metrics = train(parse_args(["--run-dir", run_dir, *flags, "--steps", "8"]))
-    averaged, _ = average_checkpoints(run_dir, last=2)
     run = RunFolder(run_dir)
+    run.load_model(run.checkpoints()[-1][1])[0].save_weights(out)  # ram:// is this process' memory
+    averaged, _ = average_checkpoints(run_dir, last=2)
     _, loaded = run.load_model()
     print(json.dumps({"steps": metrics["steps"], "checkpoints": [step for step, _ in run.checkpoints()],
                       "averaged": averaged, "loaded": loaded}))  # fmt: skip

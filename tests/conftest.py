@@ -2,9 +2,11 @@
 compilation cache for the JAX processes that tests start, the slow tests first; what the
 TensorFlow and the JAX checks of one feature share; one load of each shared export a process."""
 
+import contextlib
 import functools
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -107,6 +109,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
 
 
+@contextlib.contextmanager
+def held_port():
+    """A free port on 127.0.0.1, kept bound by this process (SO_REUSEPORT, never listening) while
+    open, so that no other process takes it between this choice and the server's bind. For
+    gRPC servers that bind with SO_REUSEPORT, as JAX's coordination service does (TensorFlow's
+    servers do not: their tests retry)."""
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
 def run_under(backend, *args, devices=1):
     """Runs `python *args` with Keras on `backend`, over `devices` host CPU devices under JAX,
     for at most 15 minutes; returns its standard output."""
@@ -170,11 +184,12 @@ def assert_accumulation_is_exact(updated, start, tokens, atol):
 def artifacts():
     """The suite's shared runs and exports (tests/artifacts.py), made once for this code. Read
     only: a test that changes a run folder copies it first. Subprocesses (the benchmarks' smoke
-    modes) find the run and the beam-4 export through bench/smoke.py's variables."""
+    modes) find the run and the beam-4 and greedy exports through bench/smoke.py's variables."""
     from bench import smoke
 
     made = shared.ensure()
     os.environ[smoke.RUN_VARIABLE], os.environ[smoke.EXPORT_VARIABLE] = made.tf_run, made.exports[4]
+    os.environ[smoke.GREEDY_EXPORT_VARIABLE] = made.exports[1]
     return made
 
 

@@ -5,9 +5,13 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from bench import multi30k
+from bench.compare_exports import SMOKE_SENTENCES
+from conftest import loaded_export
 from training import learning_curve
 
 REQUIRED = {
@@ -53,7 +57,7 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
         speeds = {(r["round"], r["system"]): r["sentences_per_s"] for r in records if "system" in r}
         for r in ratios:  # each ratio is the two systems' speeds of its round, not a constant
             assert r["ratio"] == pytest.approx(speeds[r["round"], "ours"] / speeds[r["round"], "ctranslate2"], rel=0.01)
-    if module == "bench.compare_exports":  # two rounds of one export against itself, then the second's summary
+    if module == "bench.compare_exports":  # two rounds of the beam-4 export against the greedy one, then a summary
         rounds = [r for r in records if r["benchmark"] == "compare_exports"]
         assert [len(r["sentences_per_s_each"]) for r in rounds] == [2, 2]
         for r in rounds:  # the second's speed over the first's, measured in that round
@@ -61,7 +65,12 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
             assert r["ratios"][1] == pytest.approx(second / first, rel=0.01)
         (summary,) = [r for r in records if r["benchmark"] == "compare_exports_summary"]
         assert summary["min_ratio"] <= summary["median_ratio"] <= summary["max_ratio"]
-        assert summary["same_translations"] == 1  # the same export translates the same
+        assert (summary["baseline"], summary["export"]) == (artifacts.exports[4], artifacts.exports[1])
+        beam, greedy = (loaded_export(artifacts.exports[n]).translate(tf.constant(SMOKE_SENTENCES))["translation"].numpy()
+                        for n in (4, 1))  # fmt: skip
+        same = np.mean(beam == greedy)
+        assert same < 1, (beam, greedy)  # an export compared with itself would report 1
+        assert summary["same_translations"] == pytest.approx(same)
     if module == "bench.options":  # every option measured alone, each ratio from its round's speeds
         from keras_transformer.search import OPTIONS
 

@@ -94,8 +94,10 @@ def test_a_fresh_process_with_only_tensorflow_and_tf_text_and_no_onednn_translat
     assert len(set(np.round(served[4][1], 3))) >= len(sentences) // 2, served[4][1]
     full_translations, full_scores = map(np.array, served[4])
     # 8 (bfloat16) or 11 (float16) bits of mantissa, about 0.4% or 0.05% an op; a score sums a
-    # sentence's log-probabilities (measured: up to 4% and 0.3%).
-    for precision, rtol in (("bfloat16", 0.05), ("float16", 0.01)):
+    # sentence's log-probabilities. Measured on these sentences over seven models of the recipe
+    # (--seed 0 to 6), loaded as here: scores up to 2.4-6.2% apart (bfloat16) and 0.2-0.4%
+    # (float16), translations the same on 96-100%. The bounds are twice the largest or more.
+    for precision, rtol in (("bfloat16", 0.12), ("float16", 0.01)):
         translations, scores = map(np.array, served[precision])
         same = translations == full_translations
         # Where two continuations are close, the search may take the other.
@@ -119,18 +121,22 @@ def test_the_signature_and_assets(exported):
     assert metadata["searches"] == PARALLEL_SEARCHES
 
 
+# saved_model_cli (TensorFlow's console script, run by this interpreter rather than found on PATH)
+# with tensorflow-text's ops registered, as TF Serving's binary has them.
+SAVED_MODEL_CLI = [sys.executable, "-c", "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; "
+                   "sys.exit(saved_model_cli.main())"]  # fmt: skip
+
+
 def test_saved_model_cli_shows_the_signature_and_runs_it(exported):
     shown = subprocess.run(
-        ["saved_model_cli", "show", "--dir", exported[4], "--tag_set", "serve", "--signature_def", "serving_default"],
-        check=True, capture_output=True, text=True,
+        [*SAVED_MODEL_CLI, "show", "--dir", exported[4], "--tag_set", "serve", "--signature_def", "serving_default"],
+        check=True, capture_output=True, text=True, timeout=300,
     ).stdout  # fmt: skip
     assert "inputs['text'] tensor_info:\n      dtype: DT_STRING\n      shape: (-1)" in shown
     assert "outputs['translation'] tensor_info:\n      dtype: DT_STRING" in shown
     assert "outputs['score'] tensor_info:\n      dtype: DT_FLOAT" in shown
-    # saved_model_cli with tensorflow-text's ops registered, as TF Serving's binary has them.
-    cli = "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; sys.exit(saved_model_cli.main())"
     ran = subprocess.run(
-        [sys.executable, "-c", cli, "run", "--dir", exported[4], "--tag_set", "serve", "--signature_def",
+        [*SAVED_MODEL_CLI, "run", "--dir", exported[4], "--tag_set", "serve", "--signature_def",
          "serving_default", "--input_exprs", f"text={json.dumps(SENTENCES[:1])}"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip

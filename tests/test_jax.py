@@ -143,7 +143,8 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
         "crash": ["crash-mid-save", crashed, *MECHANICS, "--no-evaluate"],
         "resume": ["train", "--run-dir", crashed, *MECHANICS, "--no-evaluate"],
         "evaluate": ["evaluate", "--run-dir", str(shared), "--split", "test", "--limit", "8"],
-        "remote": ["remote", "ram://runs/jax", *MECHANICS, "--checkpoint-every", "4", "--no-evaluate"],
+        "remote": ["remote", "ram://runs/jax", str(folder / "remote.weights.h5"), *MECHANICS, "--checkpoint-every", "4",
+                   "--no-evaluate"],
         "clocked": ["clocked", str(folder / "clocked"), *CLOCKED],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
     }  # fmt: skip
@@ -236,13 +237,22 @@ def test_the_commands_of_a_tensorflow_run_evaluate_and_export_a_jax_run(under_ja
     assert loaded.translate(tf.constant(["the dog sees a cat ."]))["translation"].shape == [1]
 
 
-def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages(under_jax):
-    """As test_train_end_to_end's TensorFlow run on ram:// (in one process: ram:// is its memory)."""
-    output = under_jax[0]["remote"]
+def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages(under_jax, artifacts):
+    """As test_train_end_to_end's TensorFlow run on ram:// (in one process: ram:// is its memory).
+    Resumed there, it ends at step 8 where the suite's JAX run, the same recipe in a local folder
+    never interrupted, was at step 8."""
+    outputs, folder = under_jax[0], under_jax[1]
+    output = outputs["remote"]
     assert "Resumed from ram://runs/jax/checkpoints/ckpt-4 at step 4." in output
     result = json.loads(output.splitlines()[-1])
     assert result["steps"] == 8 and result["checkpoints"] == [4, 8]
     assert result["averaged"] == result["loaded"] == "ram://runs/jax/averaged/ckpt-8.weights.h5"
+    config = RunFolder(artifacts.jax_run).config()
+    uninterrupted = _weights(os.path.join(artifacts.jax_run, "checkpoints", "ckpt-8", "model.weights.h5"), config)
+    for (name, remote), (_, local) in zip(_weights(str(folder / "remote.weights.h5"), config), uninterrupted):
+        np.testing.assert_allclose(remote, local, rtol=1e-4, atol=1e-5, err_msg=name)
+    later = _weights(os.path.join(artifacts.jax_run, "checkpoints", "ckpt-16", "model.weights.h5"), config)
+    assert not np.allclose(uninterrupted[0][1], later[0][1])  # the weights move from step to step: the check could fail
 
 
 def test_jax_overfits_8_pairs_and_the_tensorflow_export_serves_them(under_jax, tmp_path):

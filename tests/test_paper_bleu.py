@@ -57,3 +57,11 @@ def test_evaluation_reports_it_beside_sacrebleu_for_a_german_target_only():
     assert "bleu_paper" not in score(HYPOTHESES, REFERENCES, "en")
     with pytest.raises(ValueError, match="'fr'"):
         PaperBleu("fr")
+
+
+def test_an_ngram_order_without_a_match_scores_zero_as_multi_bleu_does():
+    # 1-, 2- and 3-grams match, no 4-gram does. multi-bleu.perl has no smoothing: a zero
+    # precision makes BLEU 0.0.
+    hypotheses, references = ["Das Spiel war sehr gut"], ["Das Spiel war nicht gut"]
+    assert PaperBleu("de").score(hypotheses, references) == 0.0
+    assert sacrebleu.corpus_bleu(hypotheses, [references]).score > 0  # sacreBLEU smooths (exp) by default

@@ -116,37 +116,64 @@ def test_a_beam_that_keeps_every_prefix_returns_the_exhaustive_best_allowed_outp
     changed = False
     for alpha in (0.0, 0.6):
         result = beam_search(model, sources, beam_size=(VOCAB - 1) ** (LIMIT - 1), alpha=alpha, max_length=LIMIT, **options)
-        plain = beam_search(model, sources, beam_size=4, alpha=alpha, max_length=LIMIT)
         for row, source in enumerate(sources):
             score, output = _exhaustive_best(model, source, LIMIT, alpha, options)
             assert _outputs(result)[row] == output, (alpha, row)
             np.testing.assert_allclose(result.scores[row], score, rtol=1e-4)
-            changed |= _outputs(plain)[row] != output
-    assert changed, "the option changed no sentence's best output: the check could not fail"
+            changed |= _exhaustive_best(model, source, LIMIT, alpha, {})[1] != output
+    assert changed, "the option changed no sentence's exhaustive best: a search that ignored it would pass"
+
+
+# Greedy's choice on these random models is the begin-of-sentence token (the tied embedding
+# echoes the decoder's first input), which no option bans. For the options that ban the end of
+# sentence or the unknown token, that token's embedding row is made the begin-of-sentence row,
+# nudged: greedy then takes it, and the option binds.
+FAVOURED = {"min_length": EOS_ID, "disable_unk": UNK_ID}
+
+
+def _favouring(token):
+    """The `tiny` fixture's model with `token` made greedy's choice."""
+    model = _model(VOCAB, seed=21)
+    (embeddings,) = [weight for weight in model.weights if weight.path.endswith("embeddings")]
+    rows = embeddings.numpy()
+    rows[token] = rows[BOS_ID] + 0.01 * np.random.default_rng(0).standard_normal(rows.shape[1])
+    embeddings.assign(rows)
+    return model
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_search_takes_the_best_allowed_token_at_each_step_and_sampling_never_a_banned_one(case, tiny):
     model, sources = tiny
+    model = _favouring(FAVOURED[case]) if case in FAVOURED else model
     options = CASES[case]
     greedy = greedy_search(model, sources, alpha=0.6, max_length=LIMIT, **options)
+    changed = False
     for row, source in enumerate(sources):
         score, output = _greedy_reference(model, source, LIMIT, 0.6, options)
         assert _outputs(greedy)[row] == output, row
         np.testing.assert_allclose(greedy.scores[row], score, rtol=1e-4)
+        changed |= _greedy_reference(model, source, LIMIT, 0.6, {})[1] != output
+    assert changed, "the option changed no sentence's greedy output: a search that ignored it would pass"
     # Sampling draws from the processed log-probabilities: with top_k 1 it is greedy search.
     top_1 = sample_search(model, sources, 0, top_k=1, alpha=0.6, max_length=LIMIT, **options)
     np.testing.assert_array_equal(np.asarray(top_1.tokens)[:, 0], greedy.tokens)
     np.testing.assert_allclose(np.asarray(top_1.scores)[:, 0], greedy.scores, rtol=1e-5)
-    samples = sample_search(model, sources, np.arange(len(sources)), num_samples=20, temperature=2.0, max_length=LIMIT,
-                            **options)  # fmt: skip
-    tokens = np.asarray(samples.tokens)
-    for row, source in enumerate(sources):
-        drawn = sorted({tuple(int(t) for t in sample if t != PAD_ID) for sample in tokens[row]})
-        assert len(drawn) > 1
-        hypotheses = [list(output) + ([EOS_ID] if len(output) < LIMIT else []) for output in drawn]
-        for hypothesis, log_probs in zip(hypotheses, _log_probs(model, source, hypotheses, LIMIT)):
-            assert None not in [_value(hypothesis, i, log_probs, options) for i in range(len(hypothesis))], hypothesis
+    def banned(samples):
+        """The outputs drawn in `samples` that `options` forbid."""
+        found = []
+        for row, source in enumerate(sources):
+            drawn = sorted({tuple(int(t) for t in sample if t != PAD_ID) for sample in np.asarray(samples.tokens)[row]})
+            assert len(drawn) > 1
+            hypotheses = [list(output) + ([EOS_ID] if len(output) < LIMIT else []) for output in drawn]
+            for hypothesis, log_probs in zip(hypotheses, _log_probs(model, source, hypotheses, LIMIT)):
+                found += [hypothesis] if None in [_value(hypothesis, i, log_probs, options) for i in range(len(hypothesis))] else []
+        return found
+
+    seeds = np.arange(len(sources))
+    assert banned(sample_search(model, sources, seeds, num_samples=20, temperature=2.0, max_length=LIMIT, **options)) == []
+    if set(options) != {"repetition_penalty"}:  # the one option that forbids nothing
+        unprocessed = sample_search(model, sources, seeds, num_samples=20, temperature=2.0, max_length=LIMIT)
+        assert banned(unprocessed), "sampling without the option drew nothing it forbids: the check could not fail"
 
 
 def test_the_length_limit_is_a_times_the_source_length_plus_b_per_sentence(rng):

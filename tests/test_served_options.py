@@ -10,9 +10,10 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from conftest import loaded_export
+from search_helpers import _length_penalty
 from export.serving import OPTION_SPECS, options_table
-from keras_transformer import BOS_ID, PAD_ID
-from keras_transformer.search import OPTIONS, DecodingSettings, decode
+from keras_transformer import BOS_ID, PAD_ID, UNK_ID
+from keras_transformer.search import OPTION, OPTIONS, DecodingSettings, decode
 from keras_transformer.search.input_length import cut
 from training.run_folder import RunFolder
 
@@ -36,12 +37,61 @@ PER_SENTENCE = {
     "max_input_length": [0, 6, 0],
 }
 
+# The `customised` export's decoding values, other than the table's defaults.
+EXPORTED = {"no_repeat_ngram_size": 3, "alpha": 1.0}
+# Sentences on which each option of ALONE binds for some sentence, and the export's values
+# differ from the table's defaults.
+BINDING = SENTENCES + [
+    "The dog sees the dog sees the dog.",
+    "I think that I think that I think.",
+    "The children help the old teacher in the park.",
+]
+# Each option's value in a request of its own, on BINDING (the length limit's two terms each
+# with the other as a companion: one term alone leaves the limit far from the outputs).
+ALONE = {
+    "beam_size": {"beam_size": 1},
+    "alpha": {"alpha": 3.0},
+    "max_length_a": {"max_length_a": 0.3, "max_length_b": 1},
+    "max_length_b": {"max_length_b": 3, "max_length_a": 0.0},
+    "min_length": {"min_length": 16},
+    "no_repeat_ngram_size": {"no_repeat_ngram_size": 1},
+    "repetition_penalty": {"repetition_penalty": 2.0},
+    "disable_unk": {"disable_unk": True},
+    "suppress_sequences": {"suppress_sequences": ["Pferd"]},
+    "max_input_length": {"max_input_length": 4},
+}
+assert sorted(ALONE) == sorted(option.name for option in OPTIONS)
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def served(artifacts):
     return loaded_export(artifacts.exports[4])
+
+
+@pytest.fixture(scope="module")
+def customised(artifacts, tmp_path_factory):
+    """The shared run's model exported with EXPORTED's decoding, the unknown token's embedding row
+    made a little larger than "Hund"'s, so that the model writes the unknown token where it
+    would write "Hund" (the trained model never writes it, and `disable_unk` would change
+    nothing): (the export, the model, the run folder)."""
+    from export.saved_model import export
+
+    folder = tmp_path_factory.mktemp("customised")
+    run = RunFolder(artifacts.tf_run)
+    model, _ = run.load_model()
+    tokenizer = run.load_tokenizer()
+    (hund,) = tokenizer.tokenize(tf.constant("Hund")).numpy()
+    (embeddings,) = [weight for weight in model.weights if weight.path.endswith("embeddings")]
+    rows = embeddings.numpy()
+    rows[UNK_ID] = 1.01 * rows[hund]
+    embeddings.assign(rows)
+    weights = str(folder / "unk.weights.h5")
+    model.save_weights(weights)
+    path = export(artifacts.tf_run, str(folder / "exports"), DecodingSettings(**EXPORTED), checkpoint=weights)
+    loaded_export(path)  # before any test makes a tokenizer (see `library`)
+    return path, model, run
 
 
 @pytest.fixture
@@ -58,28 +108,69 @@ def _inputs(values):
     return {name: tf.constant(value, specs[name].dtype) for name, value in values.items()}
 
 
-def test_every_option_is_an_input_that_defaults_to_the_exports_value(served, artifacts):
-    signature = served.signatures["options"]
-    specs = signature.structured_input_signature[1]
+def test_every_option_is_an_input_of_its_kind(served):
+    specs = served.signatures["options"].structured_input_signature[1]
     assert {name: (spec.dtype, spec.shape.as_list()) for name, spec in specs.items()} == {
         "text": (tf.string, [None]),
         **{option.name: (tf.as_dtype(option.dtype), [None, None] if option.dtype == "string" else [None]) for option in OPTIONS},
     }
+
+
+def test_an_omitted_option_is_the_exports_value_in_the_signature_def_and_in_the_decoding(customised):
+    path = customised[0]
     saved = saved_model_pb2.SavedModel()
-    with open(os.path.join(artifacts.exports[4], "saved_model.pb"), "rb") as f:
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         saved.ParseFromString(f.read())
     defaults = {name: tf.make_ndarray(proto) for name, proto in saved.meta_graphs[0].signature_def["options"].defaults.items()}
     assert sorted(defaults) == sorted(option.name for option in OPTIONS)  # TF Serving feeds these for omitted inputs
     for option in OPTIONS:
         if option.dtype == "string":
             assert defaults[option.name].shape == (1, 0)
-        else:
-            np.testing.assert_array_equal(defaults[option.name], np.array([option.default], option.dtype), option.name)
-    # Omitted: the export's decoding, serving_default's translations.
-    best, result = served.translate(tf.constant(SENTENCES)), served.options(tf.constant(SENTENCES))
+        else:  # the export's own values, not the table's
+            value = EXPORTED.get(option.name, option.default)
+            np.testing.assert_array_equal(defaults[option.name], np.array([value], option.dtype), option.name)
+    assert defaults["alpha"] != [OPTION["alpha"].default] and defaults["no_repeat_ngram_size"] != [OPTION["no_repeat_ngram_size"].default]
+    # Omitted: the export's decoding, serving_default's translations, not the table's decoding.
+    served, text = loaded_export(path), tf.constant(BINDING)
+    best, result = served.translate(text), served.options(text)
     np.testing.assert_array_equal(result["translation"], best["translation"])
     np.testing.assert_allclose(result["score"], best["score"], rtol=1e-6)
     assert not np.any(result["cut"])
+    table = served.options(text, **_inputs({name: [OPTION[name].default] for name in EXPORTED}))
+    assert np.any(table["translation"].numpy() != result["translation"].numpy())
+    # The score signature's alpha, omitted: the export's.
+    scored = served.score(text, best["translation"])
+    penalties = [_length_penalty(length, EXPORTED["alpha"]) for length in scored["length"].numpy().tolist()]
+    np.testing.assert_allclose(scored["score"], scored["log_prob"].numpy() / penalties, rtol=1e-5)
+
+
+def test_each_option_alone_where_it_binds_decodes_as_the_library(customised):
+    """One request per option of ALONE (with its companion): the library's output with the
+    export's decoding and the request's values, and not the same request's output without the
+    option. The library decodes all requests' sentences in one batch, each with its values."""
+    path, model, run = customised
+    served, text = loaded_export(path), tf.constant(BINDING)
+    tokenizer = run.load_tokenizer()
+    results, rows = {}, []
+    for option, values in ALONE.items():
+        results[option] = served.options(text, **_inputs({name: [value] for name, value in values.items()}))
+        without = served.options(text, **_inputs({name: [value] for name, value in values.items() if name != option}))
+        assert np.any(results[option]["translation"].numpy() != without["translation"].numpy()), f"{option} changed nothing"
+        rows += [{**{o.name: EXPORTED.get(o.name, o.default) for o in OPTIONS}, **values}] * len(BINDING)
+    source_ids, was_cut = cut(tokenizer.encode_source(tf.constant(BINDING * len(ALONE))).to_tensor(),
+                              np.array([row["max_input_length"] for row in rows]))  # fmt: skip
+    phrases = tokenizer.tokenize(tf.constant([(row["suppress_sequences"] or [""])[0] for row in rows])).to_tensor()
+    settings = DecodingSettings(**{o.name: np.array([row[o.name] for row in rows], o.dtype) for o in OPTIONS
+                                   if o.name not in ("suppress_sequences", "max_input_length")},
+                                suppress_sequences=phrases[:, None])  # fmt: skip
+    longest = int(model.config.max_length * DecodingSettings.max_length_a) + DecodingSettings.max_length_b
+    expected = decode(model, source_ids, settings, width=4, max_length=longest)
+    translations, scores, was_cut = tokenizer.detokenize(expected.tokens).numpy(), np.asarray(expected.scores), np.asarray(was_cut)
+    for index, (option, result) in enumerate(results.items()):
+        part = slice(index * len(BINDING), (index + 1) * len(BINDING))
+        np.testing.assert_array_equal(result["translation"], translations[part], err_msg=option)
+        np.testing.assert_allclose(result["score"], scores[part], rtol=1e-5, err_msg=option)
+        np.testing.assert_array_equal(result["cut"], was_cut[part], err_msg=option)
 
 
 def test_per_sentence_options_give_what_the_library_gives_each_sentence(served, library):
@@ -158,6 +249,10 @@ def test_score_is_a_full_forward_pass_and_equals_the_searchs_own_score(served, l
         assert np.all(scored["token_log_probs"][row, len(tokens) :] == 0)
         np.testing.assert_allclose(scored["log_prob"][row], sum(tokens), rtol=1e-4)
     np.testing.assert_allclose(scored["score"], scored["log_prob"], rtol=1e-6)  # alpha 0: no length penalty
+    alpha = [0.6, 1.0, 2.0]
+    penalised = served.score(text, tf.constant(targets), alpha=tf.constant(alpha))["score"].numpy()
+    penalties = [_length_penalty(length, a) for length, a in zip(scored["length"].tolist(), alpha)]  # GNMT's, written out
+    np.testing.assert_allclose(penalised, scored["log_prob"] / penalties, rtol=1e-5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="target must hold one value per sentence of text"):
         served.score(text, tf.constant(targets[:2]))
 

@@ -42,8 +42,8 @@ def mirrored():
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
-@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_an_update_from_accumulated_batches_is_the_update_of_their_union(tmp_path, devices, request):
+@pytest.mark.parametrize("devices, jit_compile", [(1, True), (1, False), pytest.param(2, True, marks=pytest.mark.slow)])
+def test_an_update_from_accumulated_batches_is_the_update_of_their_union(tmp_path, devices, jit_compile, request):
     from backend_worker import batches_in_turn
 
     paths, tokens = accumulation_batches(tmp_path)
@@ -53,7 +53,7 @@ def test_an_update_from_accumulated_batches_is_the_update_of_their_union(tmp_pat
     updated = {}
     for name, path in paths.items():  # SGD: an update is the learning rate times the gradient
         trainer = _trainer(config, strategy, start, warmup_steps=10, optimizer=keras.optimizers.SGD,
-                           accumulate_steps=2 if name == "a+b" else 1, jit_compile=False)  # fmt: skip
+                           accumulate_steps=2 if name == "a+b" else 1, jit_compile=jit_compile)  # fmt: skip
         trainer.train_steps(iter(batches_in_turn(path)), tf.constant(1))
         updated[name] = _flat(trainer.model.get_weights())
     assert_accumulation_is_exact(updated, _flat(start), tokens, atol=2e-6)

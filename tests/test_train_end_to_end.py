@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -82,27 +83,54 @@ def test_checkpoints_are_written_by_training_time_besides_the_step_rule(tmp_path
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == CLOCKED_CHECKPOINTS
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# What a TensorFlow worker prints when its gRPC server cannot bind its port. TensorFlow's servers
+# refuse SO_REUSEPORT, so a port cannot be held for them (conftest.held_port): one taken between
+# its choice and the bind makes both workers start again on other ports.
+PORT_TAKEN = "Could not start gRPC server"
 
 
-def _start_workers(run_dir, flags, weights_out):
-    """Two TensorFlow workers on 127.0.0.1 (TF_CONFIG), each training through training.train."""
-    cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
-    processes = []
-    for index in range(2):
+def _start_workers(run_dir, flags, weights_out, attempts=3):
+    """Two TensorFlow workers on 127.0.0.1 (TF_CONFIG), each training through training.train;
+    returns their outputs."""
+    for attempt in range(attempts):
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        outputs, statuses = _run_workers(run_dir, flags, weights_out, {"worker": [f"127.0.0.1:{port}" for port in ports]})
+        if not any(PORT_TAKEN in output for output in outputs) or attempt == attempts - 1:
+            break
+    for status, output in zip(statuses, outputs):
+        assert status == 0, output[-3000:]
+    return outputs
+
+
+def _run_workers(run_dir, flags, weights_out, cluster, limit_seconds=900):
+    """The outputs and exit statuses of the two workers of `cluster`; if one could not bind its
+    port, both are stopped."""
+    processes, logs = [], [weights_out / f"worker{index}.out" for index in range(2)]
+    for index, log in enumerate(logs):
         env = {**os.environ, "PYTHONPATH": ROOT,
                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}  # fmt: skip
-        command = ["timeout", "900", sys.executable, os.path.join(ROOT, "tests", "multiworker_worker.py"), "--run-dir",
-                   str(run_dir), *flags, "--strategy", "multiworker", "--weights-out", str(weights_out / f"worker{index}.npz"),
+        command = [sys.executable, os.path.join(ROOT, "tests", "multiworker_worker.py"), "--run-dir", str(run_dir), *flags,
+                   "--strategy", "multiworker", "--weights-out", str(weights_out / f"worker{index}.npz"),
                    "--shards-written", str(weights_out / f"shards{index}.json")]  # fmt: skip
-        processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [process.communicate(timeout=900)[0] for process in processes]
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-3000:]
-    return outputs
+        with open(log, "w") as out:
+            processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + limit_seconds
+    try:
+        while any(process.poll() is None for process in processes):
+            # A worker whose server could not start may not end by itself: its log says so.
+            if any(PORT_TAKEN in log.read_text() for log in logs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [log.read_text() for log in logs], [process.returncode for process in processes]
 
 
 def _shards_written(folder):
