@@ -72,7 +72,7 @@ def write_warmup_requests(path, tokenizer, max_source_length, beam_size, seed=0,
             request.model_spec.signature_name = signature
             request.inputs["text"].CopyFrom(tf.make_tensor_proto(text, dtype=tf.string))
             for name, value in inputs.items():  # the same value for each sentence
-                value = min(value, beam_size) if name == "beam_size" else value
+                value = np.minimum(value, beam_size) if name == "beam_size" else value  # keeps its dtype, int32
                 values = text if value is None else np.stack([value] * batch)
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))

@@ -310,11 +310,12 @@ def test_server_side_batching_merges_requests_of_different_list_lengths(exported
         start += rows
 
 
-def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported):
+@pytest.mark.parametrize("version", [4, 1])  # the greedy export's beam_size is cut to 1
+def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported, version):
     from tensorflow_serving.apis import prediction_log_pb2
 
-    path = os.path.join(exported[4], "assets.extra", "tf_serving_warmup_requests")
-    loaded = loaded_export(exported[4])
+    path = os.path.join(exported[version], "assets.extra", "tf_serving_warmup_requests")
+    loaded = loaded_export(exported[version])
     requests = []
     for record in tf.data.TFRecordDataset(path):
         log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
