@@ -50,17 +50,18 @@ def _child(stderr_text, end="os.abort()"):
 
 @pytest.fixture
 def run_dir(tmp_path):
-    """A run folder with complete checkpoints at steps 4 and 8 and an interrupted one at 12."""
-    for step in (4, 8, 12):
+    """A run folder with complete checkpoints at steps 4, 8 and 12 (the newest last by number,
+    not by name) and an interrupted one at 16."""
+    for step in (4, 8, 12, 16):
         (tmp_path / "checkpoints" / f"ckpt-{step}").mkdir(parents=True)
-        if step < 12:
+        if step < 16:
             (tmp_path / "checkpoints" / f"ckpt-{step}" / "state.json").write_text("{}")
     return str(tmp_path)
 
 
 def _resume_lines(run_dir):
-    path = os.path.join(run_dir, "checkpoints", "ckpt-8")
-    return [f"The last checkpoint every process completed: {path} (step 8).",
+    path = os.path.join(run_dir, "checkpoints", "ckpt-12")
+    return [f"The last checkpoint every process completed: {path} (step 12).",
             "Rerun the same command on every host to resume from it."]  # fmt: skip
 
 
