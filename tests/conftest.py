@@ -6,9 +6,11 @@ import contextlib
 import functools
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
+import time
 
 import artifacts as shared
 
@@ -27,6 +29,38 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
     [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
 )
+
+
+CENSUS_VARIABLE = "KERAS_TRANSFORMER_CENSUS"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """With $KERAS_TRANSFORMER_CENSUS set to a file, appends a JSON line a test: its wall seconds,
+    the CPU seconds of this process and of the processes it started (and waited for), and how
+    many it started. The census of where the suite's time goes."""
+    path = os.environ.get(CENSUS_VARIABLE)
+    if not path:
+        yield
+        return
+    started, execute = [0], subprocess.Popen._execute_child
+
+    def counted(self, *args, **kwargs):
+        started[0] += 1
+        return execute(self, *args, **kwargs)
+
+    subprocess.Popen._execute_child = counted
+    wall, own, children = time.monotonic(), time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = execute
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        line = {"test": item.nodeid, "wall": time.monotonic() - wall, "cpu": time.process_time() - own,
+                "children_cpu": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime,
+                "processes": started[0], "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}  # fmt: skip
+        with open(path, "a") as f:
+            f.write(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in line.items()}) + "\n")
 
 
 def pytest_collection_modifyitems(items):
