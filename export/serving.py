@@ -52,7 +52,9 @@ and no XLA.
 
 Bad input still gets one result per line: bytes that are not UTF-8 are replaced by U+FFFD, a
 source longer than the model's `max_length` tokens is cut there, and outputs have at most
-`max_length_a * max_length + max_length_b` tokens, so no request can take unbounded memory. An input that
+`max_length_a * max_length + max_length_b` tokens, so no request can take unbounded memory; no option's
+value costs more than the largest that can change the output (an n-gram size or a phrase longer
+than the output is worth nothing). An input that
 is not a vector of strings (TF Serving passes on any shape) is refused with InvalidArgument.
 
 A request's sentences are decoded by `PARALLEL_SEARCHES` independent searches (`in_parallel`),
@@ -274,9 +276,13 @@ class Translator(tf.Module):
         return [tf.debugging.Assert(tf.reduce_all(valid), [f"{option.name} must be {valid_text}"])]
 
     def _suppressed(self, phrases):
-        """Strings `[batch, s]` -> their pieces, int32 `[batch, s, pieces]` (padded with 0)."""
+        """Strings `[batch, s]` -> their pieces, int32 `[batch, s, pieces]` (padded with 0). A phrase
+        of more pieces than the longest output never occurs in one: it becomes padding, so that
+        no phrase makes a step cost more than one of `longest_output` pieces."""
         shape = tf.shape(phrases)
         ids = self.tokenizer.tokenize(_clean(tf.reshape(phrases, [-1]))).to_tensor()  # [batch * s, pieces]
+        fits = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=1, keepdims=True) <= self.longest_output
+        ids = _trimmed(tf.where(fits, ids, PAD_ID))
         return tf.reshape(ids, tf.concat([shape, tf.shape(ids)[1:]], axis=0))
 
     def _search_with_options(self, source_ids, options):

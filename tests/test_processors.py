@@ -264,3 +264,28 @@ def test_long_sources_are_cut_to_max_input_length_and_reported(rng):
         expected = search(model, ids, max_length_b=2)
         np.testing.assert_array_equal(result.tokens, expected.tokens)
         np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-6)
+
+
+def test_a_no_repeat_ngram_size_beyond_the_output_costs_what_the_longest_that_binds_does(rng, monkeypatch):
+    """A request may send any size: at step `index`, the loop over an n-gram's tokens runs at most
+    `index - 1` times (an n above `index` completes nothing yet), and such an n bans nothing."""
+    from keras import ops
+
+    from keras_transformer.search.processors import Step, no_repeat_ngram
+
+    tokens = np.concatenate([np.full((3, 1), BOS_ID), rng.integers(4, 7, size=(3, 9))], axis=1).astype("int32")
+    log_probs = np.log(np.full((3, VOCAB), 1 / VOCAB, "float32"))
+    fori_loop = ops.fori_loop
+
+    def bounded(lower, upper, *args):  # refuses before a long loop starts
+        assert int(upper) <= index - 1 or int(upper) <= 0, (index, int(upper))
+        return fori_loop(lower, upper, *args)
+
+    monkeypatch.setattr(ops, "fori_loop", bounded)
+    for index in range(10):
+        step = Step(index, tokens, np.arange(3), None, None)
+        for size in (10**6, np.array([0, 10**6, 2], "int32")):
+            processed = np.asarray(no_repeat_ngram.process(log_probs, step, size))
+            expected = np.asarray(no_repeat_ngram.process(log_probs, step, np.minimum(size, index + 1)))
+            np.testing.assert_array_equal(processed, expected)
+        np.testing.assert_array_equal(np.asarray(no_repeat_ngram.process(log_probs, step, 10**6)), log_probs)

@@ -221,6 +221,23 @@ def test_a_source_longer_than_the_limit_is_cut_never_refused_and_the_response_sa
     assert all(len(t) > 0 for t in result["translation"].numpy()[:2])
 
 
+def test_a_phrase_longer_than_any_output_costs_nothing_and_changes_nothing(served, library):
+    """Each value a request may send costs at most what the largest that can change the output
+    does: a phrase of more pieces than the longest output becomes padding before the search (its
+    pieces never reach a step), and the translation is the one without it."""
+    from export.serving import Translator
+
+    model, tokenizer = library
+    translator = Translator(model, tokenizer)
+    phrases = tf.constant([["Hund " * 2000, "Hund"], ["rote", ""]])
+    pieces = translator._suppressed(phrases).numpy()  # [2, 2, pieces]
+    assert pieces.shape[2] <= translator.longest_output and not pieces[0, 0].any()
+    np.testing.assert_array_equal(pieces[:, 1:], translator._suppressed(phrases[:, 1:]).numpy())
+    text = tf.constant(SENTENCES[:2])
+    with_long = served.options(text, suppress_sequences=phrases)["translation"].numpy()
+    np.testing.assert_array_equal(with_long, served.options(text, suppress_sequences=phrases[:, 1:])["translation"].numpy())
+
+
 def _full_forward_log_probs(model, source_ids, target_ids):
     """Each target token's log-probability by one teacher-forced pass, log-softmax in NumPy over
     every token but padding (which is never generated)."""

@@ -13,6 +13,7 @@ def process(log_probs, step, size):
     The output's n-gram that ends at position j + 1 (1 <= j + 2 - n, j + 1 <= index) repeats the
     one the step would complete when its first n - 1 tokens, positions j + 2 - n to j, equal the
     row's last n - 1, positions index + 2 - n to index: then its last token, at j + 1, is banned.
+    An n above `index` completes nothing yet, so the loop stops there whatever n a request sends.
     """
     tokens, index = step.tokens, ops.convert_to_tensor(step.index, "int32")
     rows, length = ops.shape(tokens)[0], ops.shape(tokens)[1]
@@ -27,6 +28,6 @@ def process(log_probs, step, size):
         return matched, banned | (matched & (size - 2 == m))
 
     start = ops.ones((rows, length), "bool")
-    _, banned = ops.fori_loop(0, ops.max(size) - 1, compare, (start, complete & (size == 1)))
+    _, banned = ops.fori_loop(0, ops.minimum(ops.max(size), index) - 1, compare, (start, complete & (size == 1)))
     following = ops.take(tokens, ops.minimum(j[0] + 1, length - 1), axis=1)  # [rows, length]: position j + 1
     return ban(log_probs, token_mask(following, banned & complete, ops.shape(log_probs)[-1]))
