@@ -3,7 +3,7 @@
 (tests/test_search.py compares them with a full sort).
 
 The thresholds below were chosen by the A/B measurements in bench/README.md's decoding section
-(2 cores of this project's CPU machine; the commits named there).
+(2 cores of this project's CPU machine).
 """
 
 from keras import ops
@@ -11,18 +11,18 @@ from keras import ops
 from keras_transformer.common import take_per_row
 
 # The chunked top k pays off from rows this many times k long (an 8,000-piece vocabulary and
-# k = 4: two passes over chunks cost a third of TensorFlow's and XLA's full top k, commit 544967d).
+# k = 4: two passes over chunks cost a third of TensorFlow's and XLA's full top k).
 CHUNKED_FROM_ROW_LENGTH_PER_K = 4 * 32
 # Chunk sizes tried, smallest first, for one that divides the vocabulary; else the vocabulary is
-# padded to whole chunks of the fallback size (commit bbcae93).
+# padded to whole chunks of the fallback size.
 CHUNK_SIZES = range(32, 129)
 FALLBACK_CHUNK_SIZE = 64
 # Up to this k, argmax passes (which XLA fuses) beat XLA's CPU top k, which sorts each row
-# (1.8 ms against 0.04 ms at [128, 128] and k = 4, commit bbcae93); past it, a sort.
+# (1.8 ms against 0.04 ms at [128, 128] and k = 4); past it, a sort.
 MAX_ARGMAX_PASSES = 16
 # Over rows longer than this (a vocabulary), an argmax as the first position holding the
 # maximum: plain reductions XLA's CPU backend vectorizes (XLA greedy +5-7%); over shorter rows
-# (beam search's chunks) the argmax itself (the other form cost XLA beam 4 5.7%, commit 1d3d937).
+# (beam search's chunks) the argmax itself (the other form cost XLA beam 4 5.7%).
 ARGMAX_BY_MIN_FROM_ROW_LENGTH = 1024
 
 
