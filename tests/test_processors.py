@@ -283,7 +283,7 @@ def test_a_no_repeat_ngram_size_beyond_the_output_costs_what_the_longest_that_bi
 
     monkeypatch.setattr(ops, "fori_loop", bounded)
     for index in range(10):
-        step = Step(index, tokens, np.arange(3), None, None)
+        step = Step(index, tokens, np.arange(3), None)
         for size in (10**6, np.array([0, 10**6, 2], "int32")):
             processed = np.asarray(no_repeat_ngram.process(log_probs, step, size))
             expected = np.asarray(no_repeat_ngram.process(log_probs, step, np.minimum(size, index + 1)))

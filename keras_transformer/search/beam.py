@@ -10,7 +10,8 @@ from keras_transformer.search.execution import Execution
 from keras_transformer.search.input_length import cut
 from keras_transformer.search.loop import while_loop
 from keras_transformer.search.outputs import length_limits, per_sentence, start_tokens, strip, write_column
-from keras_transformer.search.processors import Processing, Step
+from keras_transformer.search.processing import Processing
+from keras_transformer.search.processors import Step
 from keras_transformer.search.settings import SearchResult, length_penalty, search_width, settings_with
 
 BeamState = collections.namedtuple(
@@ -76,7 +77,6 @@ def beam_search(model, source_ids, settings=None, *, width=None, max_length=None
     beam_size = per_sentence(settings.beam_size, batch, "int32")  # [batch]
     narrower = not isinstance(settings.beam_size, int) or settings.beam_size != k  # some sentence keeps fewer than k
     best_possible_penalty = length_penalty(length_limit, alpha)  # [batch]
-    source_length = ops.sum(ops.cast(source_ids != 0, "int32"), axis=1)  # [batch]
     encoder_output, source_mask = model.encode(source_ids, training=False)
     processing = Processing(settings, target_prefix)
     per_row = min(k, model.config.vocab_size)  # a sentence's k best extensions are among these of each hypothesis
@@ -88,10 +88,10 @@ def beam_search(model, source_ids, settings=None, *, width=None, max_length=None
         token_ids = ops.reshape(ops.take(ops.take(state.alive, index, axis=2), state.active, axis=0), (-1,))  # [a * k]
         logits, cache = model.decode_step(token_ids, index, state.cache)  # [a * k, vocab]
         sentence = ops.repeat(state.active, k)  # [a * k]
-        seen = Step(index, None, sentence, None, None)
+        seen = Step(index, None, sentence, None)
         if processing:
             tokens = ops.reshape(ops.take(state.alive, state.active, axis=0), (-1, ops.shape(state.alive)[2]))  # [a * k, steps + 1]
-            seen = seen._replace(tokens=tokens, source_length=ops.take(source_length, sentence))
+            seen = seen._replace(tokens=tokens)
         best_log_prob, best_token = processing.best_tokens(logits, per_row, execution.top_k, seen)  # [a * k, per_row] each
         best_log_prob = to_batch(best_log_prob, state.active, batch, k, execution)  # [batch, k, per_row]
         best_token = to_batch(best_token, state.active, batch, k, execution)  # [batch, k, per_row]

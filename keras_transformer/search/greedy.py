@@ -11,7 +11,8 @@ from keras_transformer.search.execution import Execution
 from keras_transformer.search.input_length import cut
 from keras_transformer.search.loop import while_loop
 from keras_transformer.search.outputs import length_limits, per_sentence, start_tokens, strip, write_column
-from keras_transformer.search.processors import Processing, Step
+from keras_transformer.search.processing import Processing
+from keras_transformer.search.processors import Step
 from keras_transformer.search.settings import SearchResult, length_penalty, settings_with
 
 GreedyState = collections.namedtuple("GreedyState", ["index", "tokens", "log_prob", "length", "done", "active", "cache"])
@@ -68,7 +69,6 @@ def one_output_search(model, source_ids, next_token, settings, *, max_length, ex
     batch = ops.shape(source_ids)[0]
     static = execution.cache == "static"
     length_limit, steps = length_limits(model, source_ids, settings, max_length, static)  # [batch], scalar
-    source_length = ops.sum(ops.cast(source_ids != PAD_ID, "int32"), axis=1)  # [batch]
     encoder_output, source_mask = model.encode(source_ids, training=False)
     processing = Processing(settings, target_prefix)
 
@@ -76,9 +76,9 @@ def one_output_search(model, source_ids, next_token, settings, *, max_length, ex
         index, done = state.index, state.done
         token_ids = ops.take(ops.take(state.tokens, index, axis=1), state.active, axis=0)  # [a]
         logits, cache = model.decode_step(token_ids, index, state.cache)  # [a, vocab]
-        seen = Step(index, None, state.active, None, None)
+        seen = Step(index, None, state.active, None)
         if processing:
-            seen = seen._replace(tokens=ops.take(state.tokens, state.active, axis=0), source_length=ops.take(source_length, state.active))
+            seen = seen._replace(tokens=ops.take(state.tokens, state.active, axis=0))
         best_log_prob, best_token = next_token(logits, processing, seen)  # [a, 1] each
         best_log_prob = ops.reshape(to_batch(best_log_prob, state.active, batch, 1, execution), (-1,))  # [batch]
         best_token = ops.reshape(to_batch(best_token, state.active, batch, 1, execution), (-1,))  # [batch]

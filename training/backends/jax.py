@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import Transformer
-from training.backends import Backend
+from training.backends.base import Backend
 from training.loss import smoothed_cross_entropy
 from training.run_folder import checkpoint_name, load_weights, local_copy, remove_tree, written_locally
 from training.supervisor import LostProcess

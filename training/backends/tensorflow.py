@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from keras_transformer import PAD_ID, Transformer
 from training import strategy as strategies
-from training.backends import Backend
+from training.backends.base import Backend
 from training.loss import smoothed_cross_entropy
 from training.run_folder import checkpoint_name, step_of
 
