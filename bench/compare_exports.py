@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

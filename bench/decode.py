@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

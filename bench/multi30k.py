@@ -22,7 +22,7 @@ import os
 import tempfile
 import time
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

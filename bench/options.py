@@ -17,7 +17,7 @@ import argparse
 import statistics
 import time
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

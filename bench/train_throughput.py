@@ -16,7 +16,7 @@ Keras backend, its own peak memory).
 import argparse
 import sys
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

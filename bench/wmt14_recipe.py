@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 # The served graph is TensorFlow's, whichever backend trained the run. Set before TensorFlow is
 # imported: importing it imports Keras, which fixes its backend then.
@@ -20,7 +20,7 @@ from export.saved_model import PRECISIONS, export  # noqa: E402
 from export.serving import PARALLEL_SEARCHES  # noqa: E402
 from export.xla import CompiledShapes  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
-from training.evaluate import add_decoding_flags, decoding_settings  # noqa: E402
+from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 
 

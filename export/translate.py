@@ -24,7 +24,7 @@ import os
 import re
 import sys
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 os.environ["KERAS_BACKEND"] = "tensorflow"  # a SavedModel runs on TensorFlow (as in export/__main__.py)
 quiet_tensorflow()
@@ -34,7 +34,7 @@ import tensorflow_text  # noqa: E402,F401  (registers the SentencePiece ops the 
 
 from export.serving import MAX_SAMPLES, use_serving_threads  # noqa: E402
 from keras_transformer.search import OPTIONS, SamplingSettings  # noqa: E402
-from training.evaluate import add_decoding_flags  # noqa: E402
+from keras_transformer.search.flags import add_decoding_flags  # noqa: E402
 
 
 def resolve(export_dir):

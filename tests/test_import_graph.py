@@ -61,3 +61,17 @@ def test_no_module_imports_one_that_imports_it_back():
     # The check finds a cycle where there is one.
     assert _cycle({**graph, "keras_transformer.search.settings": graph["keras_transformer.search.settings"]
                    | {"keras_transformer.search.processing"}}) is not None  # fmt: skip
+
+
+def test_translating_with_an_export_imports_nothing_of_training():
+    """`export.translate` needs the SavedModel alone: nothing it imports, directly or through
+    another module, is of training/ (whose evaluation brings sacreBLEU)."""
+    modules = _modules()
+    graph = {module: _imports(path, modules) - {module} for module, path in modules.items()}
+    reached, todo = set(), ["export.translate"]
+    while todo:
+        for imported in graph[todo.pop()] - reached:
+            reached.add(imported)
+            todo.append(imported)
+    assert "keras_transformer.search.flags" in reached
+    assert not [module for module in reached if module.split(".")[0] in ("training", "bench")], sorted(reached)

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
@@ -21,7 +21,8 @@ import sacrebleu  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer import PAD_ID  # noqa: E402
-from keras_transformer.search import OPTIONS, STOPPING_RULES, DecodingSettings, Execution, decode  # noqa: E402
+from keras_transformer.search import DecodingSettings, Execution, decode  # noqa: E402
+from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from keras_transformer.search.loop import graph_function  # noqa: E402
 from training import paper_bleu, run_folder  # noqa: E402
 from training.data import bucket_lengths  # noqa: E402
@@ -129,40 +130,6 @@ def prefixed(metrics, split):
     """`metrics` of `split` with keys named for it (`dev_bleu`, ...), to sit beside the test
     split's in `metrics.json`."""
     return {f"{split}_{key}": value for key, value in metrics.items() if key != "split"}
-
-
-def add_decoding_flags(parser, defaults=True):
-    """A flag per decoding option of `OPTIONS` (--beam-size, --alpha, --no-repeat-ngram-size, ...)
-    with its default (the paper's decoding), and --stopping; `decoding_settings(args)` reads them.
-    Without `defaults` every flag defaults to None (export.translate: the export's value)."""
-    group = parser.add_argument_group("decoding options")
-    for option in OPTIONS:
-        flag, default = "--" + option.name.replace("_", "-"), option.default if defaults else None
-        help = f"{option.help} ({option.valid})"
-        if option.dtype == "bool":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
-        elif option.dtype == "string":
-            group.add_argument(flag, action="append", default=None, metavar="TEXT",
-                               help=f"{option.help}: a phrase, cut into pieces (repeat the flag for more)")  # fmt: skip
-        else:
-            group.add_argument(flag, type=int if option.dtype == "int32" else float, default=default, help=help)
-    if defaults:
-        group.add_argument("--stopping", choices=STOPPING_RULES, default=DecodingSettings.stopping,
-                           help="when beam search is done with a sentence: exact (no alive hypothesis can beat the "
-                           "best ended one) or first_k (beam-size hypotheses have ended: faster, as CTranslate2)")  # fmt: skip
-
-
-def decoding_settings(args, tokenizer=None, **more):
-    """The `DecodingSettings` of `add_decoding_flags`' flags (token sequences cut into pieces by
-    `tokenizer`), and `more` fields."""
-    values = {option.name: getattr(args, option.name) for option in OPTIONS if option.dtype != "string"}
-    for option in OPTIONS:
-        phrases = getattr(args, option.name) if option.dtype == "string" else None
-        if phrases:
-            if tokenizer is None:
-                raise ValueError(f"--{option.name.replace('_', '-')} needs the run's tokenizer.")
-            values[option.name] = tuple(tuple(tokenizer.tokenize(tf.constant(phrase)).numpy().tolist()) for phrase in phrases)
-    return DecodingSettings(**values, stopping=args.stopping, **more)
 
 
 def main(argv=None):

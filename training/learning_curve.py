@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

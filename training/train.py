@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from training.quiet import quiet_tensorflow
+from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
@@ -30,6 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.config import PRESETS  # noqa: E402
+from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from training import backends, data, evaluate, files, shards, supervisor  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
@@ -82,7 +83,7 @@ def parse_args(argv=None):
     add("--eval-every-minutes", type=float, default=0, help="training minutes between dev BLEU evaluations "
         "(0: none), for a learning curve against time (training.learning_curve)")
     add("--eval-sentences", type=int, default=500, help="dev sentences for BLEU during training")
-    evaluate.add_decoding_flags(parser)
+    add_decoding_flags(parser)
     add("--backend", choices=backends.BACKENDS, help="Keras' backend (default: KERAS_BACKEND, else tensorflow)")
     add("--strategy", default="auto", help="auto, tpu, mirrored, multiworker or cpu (JAX: auto, tpu or cpu)")
     add("--processes", default="1", help="JAX: processes training as one, one per host: auto on a Cloud TPU pod "
@@ -148,7 +149,7 @@ def train(args, strategy=None):
     if args.backend != backends.current():
         raise ValueError(f"--backend {args.backend}, but Keras runs on {backends.current()}: set KERAS_BACKEND="
                          f"{args.backend} before Keras is imported (the command line does it for you).")  # fmt: skip
-    decoding = evaluate.decoding_settings(args)  # for the evaluations; checked before training
+    decoding = decoding_settings(args)  # for the evaluations; checked before training
     processes = None
     if args.processes != "1":
         processes = {"coordinator_address": args.coordinator_address, "process_id": args.process_id,
