@@ -10,8 +10,8 @@ Alternating processes (bench.real_serving) move by up to 20% from one to the nex
 2-core machine; in one process a round's drift hits every export alike, so the median of ten
 same-round ratios shows a change of a few percent. FILE holds source sentences, one a line, or a
 run's test pairs as JSON lines (`[source, reference]`, as bench.real_serving writes them); the
-first --limit are sent in requests of --batch, under the README's TF Serving threads, after each
-export's warm-up requests.
+first --limit are sent in requests of --batch, under the README's TF Serving threads, after an
+untimed pass of the same requests (which sets up the graph each export runs).
 
 One JSON line per round, then one per export after the first: the median, lowest and highest of
 its ratios.
@@ -46,14 +46,12 @@ def compare(export_dirs, sources, batch, rounds, references=None):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
 
-    from bench.serving import replay_warmup_requests
     from export.serving import use_serving_threads
 
     use_serving_threads()
     serving = {}  # an export named twice is loaded once
     for export_dir in dict.fromkeys(export_dirs):
         loaded = tf.saved_model.load(export_dir)
-        replay_warmup_requests(export_dir, loaded)
         serving[export_dir] = loaded.signatures["serving_default"]
     serves = [serving[export_dir] for export_dir in export_dirs]
     requests = [tf.constant(sources[i : i + batch]) for i in range(0, len(sources), batch)]

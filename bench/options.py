@@ -40,12 +40,10 @@ def measure(export_dir, sources, batch, rounds):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
 
-    from bench.serving import replay_warmup_requests
     from export.serving import use_serving_threads
 
     use_serving_threads()
     loaded = tf.saved_model.load(export_dir)
-    replay_warmup_requests(export_dir, loaded)
     requests = [tf.constant(sources[i : i + batch]) for i in range(0, len(sources), batch)]
     calls = modes(loaded, tf)
     outputs = {name: [call(request).numpy() for request in requests] for name, call in calls.items()}
