@@ -33,6 +33,12 @@ def _imports(path, modules):
     return found & set(modules)
 
 
+def _graph():
+    """Module -> the modules of PACKAGES it imports."""
+    modules = _modules()
+    return {module: _imports(path, modules) - {module} for module, path in modules.items()}
+
+
 def _cycle(graph):
     """A cycle of `graph` (module -> the modules it imports) as a list, or None."""
     state = {}  # module -> "open" while on the path, "done" after
@@ -54,9 +60,8 @@ def _cycle(graph):
 
 
 def test_no_module_imports_one_that_imports_it_back():
-    modules = _modules()
-    assert "keras_transformer.search.processors" in modules and "training.backends.jax" in modules
-    graph = {module: _imports(path, modules) - {module} for module, path in modules.items()}
+    graph = _graph()
+    assert "keras_transformer.search.processors" in graph and "training.backends.jax" in graph
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
     # The check finds a cycle where there is one.
     assert _cycle({**graph, "keras_transformer.search.settings": graph["keras_transformer.search.settings"]
@@ -66,8 +71,7 @@ def test_no_module_imports_one_that_imports_it_back():
 def test_translating_with_an_export_imports_nothing_of_training():
     """`export.translate` needs the SavedModel alone: nothing it imports, directly or through
     another module, is of training/ (whose evaluation brings sacreBLEU)."""
-    modules = _modules()
-    graph = {module: _imports(path, modules) - {module} for module, path in modules.items()}
+    graph = _graph()
     reached, todo = set(), ["export.translate"]
     while todo:
         for imported in graph[todo.pop()] - reached:
