@@ -1,5 +1,8 @@
 """What every benchmark shares: timing, peak memory, one JSON line per measurement."""
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import platform
@@ -32,20 +35,32 @@ def emit(record):
     print(json.dumps(record, sort_keys=True), flush=True)
 
 
+# Set by `python -m bench` (bench/__main__.py), which runs the smoke modes in one process: a
+# measurement that needs no environment of its own then runs in this process too.
+ONE_PROCESS = False
+
+
 def run_isolated(module, args, env=None):
     """Runs `python -m module args` in a fresh process (so peak memory is its own), with `env`
-    added to the environment, passes its JSON lines through, and returns them as dicts."""
-    command = [sys.executable, "-m", module, *args]
-    environment = {**os.environ, **(env or {})}
-    result = subprocess.run(command, capture_output=True, text=True, env=environment)
-    if result.returncode:
-        raise SystemExit(f"{' '.join(command[1:])} failed:\n{result.stderr[-3000:]}")
+    added to the environment, passes its JSON lines through, and returns them as dicts. Under
+    ONE_PROCESS, with no `env` that differs from this process's, calls `module.main(args)` here."""
+    if ONE_PROCESS and all(os.environ.get(name) == value for name, value in (env or {}).items()):
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):
+            importlib.import_module(module).main(args)
+        stdout = output.getvalue()
+    else:
+        command = [sys.executable, "-m", module, *args]
+        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        if result.returncode:
+            raise SystemExit(f"{' '.join(command[1:])} failed:\n{result.stderr[-3000:]}")
+        stdout = result.stdout
+        for line in result.stderr.splitlines():  # a skipped reference row says why
+            if "not installed" in line:
+                print(line, file=sys.stderr, flush=True)
     records = []
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("{"):
             print(line, flush=True)
             records.append(json.loads(line))
-    for line in result.stderr.splitlines():  # a skipped reference row says why
-        if "not installed" in line:
-            print(line, file=sys.stderr, flush=True)
     return records

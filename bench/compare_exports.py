@@ -109,11 +109,11 @@ def run_smoke(module, exports_of):
         run_isolated(module, [*exports_of(scratch), f"--sentences={sentences}", "--batch=2", "--rounds=2"])
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("exports", nargs="*", help="SavedModel version folders; ratios are to the first")
     add_request_flags(parser, rounds=10)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         from bench import smoke
 

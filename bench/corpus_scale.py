@@ -82,7 +82,7 @@ def _peak_rss_mb(pid):
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="a Multi30k folder (train, val and test2016 .en / .de)")
     parser.add_argument("--pairs", type=int, nargs="+", default=[4_500_000, 18_000_000])
@@ -94,7 +94,7 @@ def main():
     parser.add_argument("--scratch", help="where corpora and run folders go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the corpora and run folders")
     parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         from training.synthetic import generate_splits
 

@@ -147,7 +147,7 @@ def _emit(mode, beam_size, xla, seconds, args, precision):
     )
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat, in one process")
     parser.add_argument("--batch", type=int, default=32)
@@ -163,7 +163,7 @@ def main():
     parser.add_argument("--modes", help="comma-separated: only these rows' modes (served, cached, ctranslate2)")
     parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA[:PRECISION] (e.g. cached:4:1); the default runs "
                         "all, each in its own process so that peak memory is its own")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = [row for row in ROWS if args.modes is None or row[0] in args.modes.split(",")]
     rows += [("served", beam_size, False, precision) for precision in args.precisions.split(",") if precision != "float32"
              for beam_size in (1, 4)]  # fmt: skip

@@ -77,7 +77,7 @@ def profile(export_dir, sentences, calls, top):
     })  # fmt: skip
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export-dir", help="a SavedModel version folder of python -m export")
     parser.add_argument("--sentences", help="a file of source sentences, one a line")
@@ -85,7 +85,7 @@ def main():
     parser.add_argument("--calls", type=int, default=3, help="profiled calls")
     parser.add_argument("--top", type=int, default=15, help="op types listed")
     parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         from bench import smoke
 

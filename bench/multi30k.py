@@ -155,14 +155,14 @@ def choose_on_val(models, tokenizer, corpus, default, grid, run_dir):
     return best, tried
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="the Multi30k folder (here: ../shared/data/multi30k)")
     parser.add_argument("--run-dir", help="the run folder (default: runs/multi30k; with --smoke: a temporary one)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on tiny synthetic data, in seconds")
     parser.add_argument("--probe", action="store_true", help="score val only (beam 4, alpha 0.6), leaving test2016 unread: for "
                         "short runs that compare settings (e.g. --probe --max-minutes 20 --dropout 0.3)")
-    args, extra_flags = parser.parse_known_args()  # the rest goes to training.train (e.g. --max-minutes 30)
+    args, extra_flags = parser.parse_known_args(argv)  # the rest goes to training.train (e.g. --max-minutes 30)
     if args.smoke:
         with tempfile.TemporaryDirectory() as scratch:
             write_smoke_data(scratch)

@@ -87,7 +87,7 @@ def run(args, processes, devices_each):
     return float(line.split()[1])
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="small")
     parser.add_argument("--vocab-size", type=int, default=8000)
@@ -101,7 +101,7 @@ def main():
     parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
     if args.smoke:

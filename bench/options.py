@@ -72,11 +72,11 @@ def measure(export_dir, sources, batch, rounds):
               **({"same_translations": round(same[name], 4)} if name in same else {})})  # fmt: skip
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", nargs="?", help="a SavedModel version folder")
     add_request_flags(parser, rounds=6)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         from bench import smoke
 

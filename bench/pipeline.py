@@ -53,7 +53,7 @@ def measure(tokenized, batch_tokens, batches, warmup):
     return tokens / (time.perf_counter() - start)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="a Multi30k folder (train.en, train.de)")
     parser.add_argument("--batch-tokens", type=int, default=25_000)
@@ -61,7 +61,7 @@ def main():
     parser.add_argument("--batches", type=int, default=200, help="batches timed")
     parser.add_argument("--warmup", type=int, default=20, help="batches read before timing")
     parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         corpus, args.vocab_size, args.batch_tokens, args.batches, args.warmup = data.load_corpus("synthetic"), 300, 2000, 5, 2
     elif args.data:

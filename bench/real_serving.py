@@ -191,7 +191,7 @@ def compare(exports, ctranslate2_dir, sentences, args):
                       "bleu_ours": ours["bleu"], "bleu_ctranslate2": theirs["bleu"]})  # fmt: skip
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", help="a run folder of training.train")
     parser.add_argument("--smoke", action="store_true", help="the smoke export, a few sentences, one round")
@@ -207,7 +207,7 @@ def main():
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         worker(args)
         return

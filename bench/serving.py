@@ -124,7 +124,7 @@ def export_and_measure(run_dir, scratch, args, export_dirs=None):
                                        f"--batch-sizes={','.join(map(str, args.batch_sizes))}", f"--requests={args.requests}"])  # fmt: skip
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", help="a run folder of training.train")
     parser.add_argument("--smoke", action="store_true", help="the smoke export (bench/smoke.py), few requests")
@@ -136,7 +136,7 @@ def main():
     parser.add_argument("--sentences", help="with --only: a file of source sentences")
     parser.add_argument("--tensorflow-threads", action="store_true",
                         help="with --only: TensorFlow's default threads, not the README's serving settings")  # fmt: skip
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.beam_sizes = [int(size) for size in args.beam_sizes.split(",")]
     args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
     if args.only:

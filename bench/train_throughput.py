@@ -110,7 +110,7 @@ def measure(name, backend_name, xla, args, ceiling):
     )
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes")
     parser.add_argument("--configs", default="small,base")
@@ -123,7 +123,7 @@ def main():
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--only", help="one measurement, CONFIG:BACKEND:XLA (e.g. small:jax:1), with --ceiling")
     parser.add_argument("--ceiling", type=float, help="matmul GFLOP/s measured by the parent run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.configs, args.batch, args.length, args.vocab_size, args.steps, args.repeats, args.matmul_size = "smoke", 4, 8, 50, 2, 1, 256
     ceiling = args.ceiling or matmul_gflops(args.matmul_size, args.repeats)

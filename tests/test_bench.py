@@ -1,4 +1,5 @@
-"""Each benchmark runs in its seconds-long smoke mode and prints well-formed JSON lines."""
+"""Each benchmark runs in its seconds-long smoke mode (all in one process: `python -m bench --smoke`)
+and prints well-formed JSON lines."""
 
 import json
 import re
@@ -32,15 +33,32 @@ REQUIRED = {
 }
 
 
-# Each runs its whole benchmark (several processes; some train for a few steps) on the suite's
-# shared run and export (bench/smoke.py's variables, set by the artifacts fixture): marked slow.
-@pytest.mark.slow
-@pytest.mark.parametrize("module", sorted(REQUIRED))
-def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
-    kept = ["--run-dir", str(tmp_path / "run")] if module == "bench.multi30k" else []
-    result = subprocess.run([sys.executable, "-m", module, "--smoke", *kept], capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module")
+def smoke_runs(artifacts, tmp_path_factory):
+    """`python -m bench --smoke`: every benchmark's smoke mode in one process, on the suite's
+    shared run and exports (bench/smoke.py's variables, set by the artifacts fixture). Returns
+    ({module: its output lines}, standard error, the folder of their run folders)."""
+    runs = tmp_path_factory.mktemp("bench-runs")
+    result = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--runs", str(runs)], capture_output=True, text=True,
+                            timeout=1800)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    output = result.stdout
+    outputs, module = {}, None
+    for line in result.stdout.splitlines():
+        if line.startswith("== "):
+            module = line[3:]
+            outputs[module] = []
+        elif module:
+            outputs[module].append(line)
+    return outputs, result.stderr, runs
+
+
+# Each runs its whole benchmark (several processes for some; some train for a few steps): slow.
+@pytest.mark.slow
+@pytest.mark.xdist_group("bench")
+@pytest.mark.parametrize("module", sorted(REQUIRED))
+def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
+    outputs, stderr, runs = smoke_runs
+    output = "\n".join(outputs[module])
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert records, output
     for record in records:
@@ -50,7 +68,7 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
         assert all({"sentences_per_s", "bleu"} <= set(r) or {"ratio", "bleu_ours", "bleu_ctranslate2"} <= set(r)
                    for r in records), records  # fmt: skip
         assert {r.get("system") for r in records} >= {"ours"}
-        if "CTranslate2 is not installed" in result.stderr:
+        if "CTranslate2 is not installed" in stderr:
             pytest.skip("bench.real_serving's CTranslate2 rows: CTranslate2 is not installed (bench/requirements.txt)")
         ratios = [r for r in records if "ratio" in r]
         assert {r["system"] for r in records if "system" in r} == {"ours", "ctranslate2"} and ratios
@@ -86,12 +104,12 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
         one, two = (record[f"{name}_tgt_tokens_per_s_per_device"] for name in ("one_process_4_devices", "two_processes_2_devices"))
         assert record["ratio"] == pytest.approx(two / one, rel=0.01, abs=0.001)  # printed to 3 decimals
     if module == "bench.multi30k":  # the learning curve has dev points, and metrics.json the extra figures
-        assert records[0]["learning_curve"] == str(tmp_path / "run" / "learning_curve.png")
-        assert (tmp_path / "run" / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
+        assert records[0]["learning_curve"] == str(runs / "multi30k" / "learning_curve.png")
+        assert (runs / "multi30k" / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
         # Dev points after 2-step calls once 0.001 minutes have passed since the last (--eval-every-minutes 0.001): after
         # step 2, and after step 4 unless that call took under 60 ms. Not after the last call.
-        assert len(learning_curve.curve(tmp_path / "run")[3]) in (1, 2)
-        metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+        assert len(learning_curve.curve(runs / "multi30k")[3]) in (1, 2)
+        metrics = json.loads((runs / "multi30k" / "metrics.json").read_text())
         assert {key: metrics[key] for key in ("bleu_lowercase", "dev_bleu", "dev_bleu_lowercase")} == {
             key: records[0][key] for key in ("bleu_lowercase", "dev_bleu", "dev_bleu_lowercase")}
         assert "lc" in metrics["bleu_lowercase_signature"] and "mixed" in metrics["signature"]
@@ -104,7 +122,7 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
         best = max(tried, key=lambda row: row["bleu"])
         assert (metrics["dev_bleu"], metrics["beam_size"], metrics["alpha"]) == (best["bleu"], best["beam_size"], best["alpha"])
         assert records[0]["dev_bleu_last_checkpoint"] == tried[1]["bleu"]
-        assert sorted(p.name for p in (tmp_path / "run").glob("translations.*")) == ["translations.dev.txt", "translations.test.txt"]
+        assert sorted(p.name for p in (runs / "multi30k").glob("translations.*")) == ["translations.dev.txt", "translations.test.txt"]
     if module == "bench.wmt14_recipe":  # 8 updates of 8 batches, averaged, scored both ways
         (record,) = records
         assert (record["updates"], record["accumulate_steps"], record["checkpoints"]) == (8, 8, [8])
@@ -114,11 +132,9 @@ def test_benchmark_smoke_mode_prints_json_lines(module, tmp_path, artifacts):
 
 
 @pytest.mark.slow
-def test_a_multi30k_probe_scores_val_and_leaves_the_test_split_unread(tmp_path):
-    output = subprocess.run(
-        [sys.executable, "-m", "bench.multi30k", "--smoke", "--probe", "--run-dir", str(tmp_path / "run")],
-        check=True, capture_output=True, text=True, timeout=600,
-    ).stdout  # fmt: skip
+def test_a_multi30k_probe_scores_val_and_leaves_the_test_split_unread(tmp_path, capsys):
+    multi30k.main(["--smoke", "--probe", "--run-dir", str(tmp_path / "run")])
+    output = capsys.readouterr().out
     record = json.loads([line for line in output.splitlines() if line.startswith("{")][0])
     assert record["benchmark"] == "multi30k_probe" and "dev_bleu" in record and "bleu" not in record
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -138,3 +154,13 @@ def test_multi30k_names_the_missing_files_and_takes_the_repositorys_test_name(tm
     (tmp_path / "train.de").unlink()
     with pytest.raises(SystemExit, match="lacks train.de"):
         multi30k.test_split(str(tmp_path))
+
+
+def test_the_smoke_runner_names_an_unknown_benchmark_and_the_known_ones(capsys):
+    from bench.__main__ import BENCHMARKS, main
+
+    with pytest.raises(SystemExit):
+        main(["--smoke", "bench.decode", "bench.nonesuch"])
+    error = capsys.readouterr().err
+    assert "no benchmark bench.nonesuch (there are compare_exports, corpus_scale," in error
+    assert set(BENCHMARKS) == {module.removeprefix("bench.") for module in REQUIRED}  # each is checked above

@@ -1,0 +1,50 @@
+"""Every benchmark's smoke mode, in one process: a check that each still runs, in about three
+minutes on 2 cores (each alone starts TensorFlow in two processes; here a measurement that needs
+no environment of its own runs in this process, bench/common.py's ONE_PROCESS).
+
+    python -m bench --smoke                          # all of them
+    python -m bench --smoke bench.decode bench.serving
+    python -m bench --smoke --runs DIR               # benchmarks that make a run folder keep it in DIR/NAME
+
+Each benchmark's JSON lines follow a line `== bench.NAME`. The process runs TensorFlow with the
+README's serving threads (`export.serving.use_serving_threads`), set before any benchmark runs.
+"""
+
+import argparse
+import importlib
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from export.quiet import quiet_tensorflow  # noqa: E402
+
+quiet_tensorflow()
+
+from bench import common  # noqa: E402
+
+BENCHMARKS = ("compare_exports", "corpus_scale", "decode", "decode_profile", "multi30k", "multihost", "options", "pipeline",
+              "real_serving", "serving", "train_throughput", "wmt14_recipe")  # fmt: skip
+RUN_FOLDER = {"multi30k", "wmt14_recipe"}  # those with --run-dir
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", required=True, help="the smoke modes (the only mode here)")
+    parser.add_argument("benchmarks", nargs="*", metavar="bench.NAME", help="those to run (default: all)")
+    parser.add_argument("--runs", help="a folder for the run folders that benchmarks make (default: temporary ones)")
+    args = parser.parse_args(argv)
+    names = [module.removeprefix("bench.") for module in args.benchmarks] or BENCHMARKS
+    if unknown := [name for name in names if name not in BENCHMARKS]:
+        parser.error(f"no benchmark bench.{unknown[0]} (there are {', '.join(BENCHMARKS)})")
+    from export.serving import use_serving_threads
+
+    use_serving_threads()
+    common.ONE_PROCESS = True
+    for name in names:
+        kept = ["--run-dir", os.path.join(args.runs, name)] if args.runs and name in RUN_FOLDER else []
+        print(f"== bench.{name}", flush=True)
+        importlib.import_module(f"bench.{name}").main(["--smoke", *kept])
+
+
+if __name__ == "__main__":
+    main()
