@@ -21,9 +21,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from export.serving import PARALLEL_SEARCHES, SIGNATURES, Translator
+from export.serving import PARALLEL_SEARCHES, Translator
+from export.signatures import SIGNATURES
 from keras_transformer import Transformer
-from keras_transformer.search import OPTIONS, DecodingSettings
+from keras_transformer.search import DecodingSettings
 from keras_transformer.search.alignment import check_layer
 from training.run_folder import RunFolder
 
@@ -32,48 +33,28 @@ from training.run_folder import RunFolder
 # that the first user request does not pay the graph's set-up.
 WARMUP_FILE = "tf_serving_warmup_requests"
 WARMUP_BATCH_SIZES = (1, 32)
-# Each signature's (export.serving.SIGNATURES') inputs besides `text` in its warm-up requests, one value for every sentence
-# (export/serving.py); the `options` signature's are every decoding option set to its example
-# value (so that each processor runs), and `score`'s target is the request's text.
-WARMUP_SIGNATURES = {
-    "serving_default": {},
-    "n_best": {"n": np.int32(1)},
-    "alignments": {},
-    "prefix": {"prefix": b""},
-    "sample": {"samples": np.int32(1), "temperature": np.float32(1), "top_k": np.int32(0), "top_p": np.float32(1),
-               "seed": np.int32(0)},
-    "options": {option.name: np.array(option.example, object) if option.dtype == "string"
-                else np.dtype(option.dtype).type(option.example) for option in OPTIONS},
-    "score": {"target": None, "alpha": np.float32(DecodingSettings.alpha)},
-}  # fmt: skip
 
-
-def write_warmup_requests(path, tokenizer, max_source_length, beam_size, seed=0, compiled_shapes=None):
-    """Writes `path`: for each signature of `WARMUP_SIGNATURES`, one `PredictionLog` record per
-    batch size of `WARMUP_BATCH_SIZES`, a request of made-up sentences (random pieces of the
-    vocabulary, of lengths up to the model's `max_source_length`); beam sizes at most the
-    export's `beam_size`. With `compiled_shapes` (an XLA export), `serving_default` also gets a
+def write_warmup_requests(path, tokenizer, max_source_length, settings, seed=0, compiled_shapes=None):
+    """Writes `path`: for each signature of `SIGNATURES`, one `PredictionLog` record per batch size
+    of `WARMUP_BATCH_SIZES`, a request of made-up sentences (random pieces of the vocabulary, of
+    lengths up to the model's `max_source_length`) and the signature's warm-up values for an
+    export of `settings`. With `compiled_shapes` (an XLA export), `serving_default` also gets a
     request of each compiled shape, so that the server compiles them all before it serves."""
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     rng = np.random.default_rng(seed)
-    requests = [(signature, batch, (1, max_source_length)) for signature in WARMUP_SIGNATURES
-                for batch in WARMUP_BATCH_SIZES]  # fmt: skip
+    requests = [(signature, batch, (1, max_source_length)) for signature in SIGNATURES for batch in WARMUP_BATCH_SIZES]
     if compiled_shapes is not None:
         lengths = compiled_shapes.source_lengths
-        requests += [("serving_default", batch, (lengths[i - 1] + 1 if i else 1, length))
+        requests += [(SIGNATURES[0], batch, (lengths[i - 1] + 1 if i else 1, length))
                      for batch in compiled_shapes.batch_sizes for i, length in enumerate(lengths)]  # fmt: skip
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.TFRecordWriter(path) as writer:
         for signature, batch, longest in requests:
-            inputs = WARMUP_SIGNATURES[signature]
             text = _made_up_text(tokenizer, rng, batch, *longest)
             request = predict_pb2.PredictRequest()
-            request.model_spec.signature_name = signature
-            request.inputs["text"].CopyFrom(tf.make_tensor_proto(text, dtype=tf.string))
-            for name, value in inputs.items():  # the same value for each sentence
-                value = np.minimum(value, beam_size) if name == "beam_size" else value  # keeps its dtype, int32
-                values = text if value is None else np.stack([value] * batch)
+            request.model_spec.signature_name = signature.name
+            for name, values in {"text": text, **signature.warmup(text, settings)}.items():
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
@@ -183,10 +164,10 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches,
                                 compiled_shapes=compiled_shapes)  # fmt: skip
         saved = os.path.join(staging, "model")
-        signatures = {name: getattr(translator, method) for name, method in SIGNATURES.items()}
+        signatures = {signature.name: getattr(translator, signature.method) for signature in SIGNATURES}
         tf.saved_model.save(translator, saved, signatures=signatures)
         write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length,
-                              settings.beam_size, compiled_shapes=compiled_shapes)  # fmt: skip
+                              settings, compiled_shapes=compiled_shapes)  # fmt: skip
         os.rename(saved, target)  # atomic on one filesystem
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,61 +1,16 @@
 """The exported tf.Module: text -> SentencePiece ids -> beam (or greedy) search -> text.
 
-Each function is both a method of the loaded module and a signature of TF Serving's:
-
-- `translate`, the `serving_default` signature: input `text` (tf.string, [None]); outputs
-  `translation` (tf.string, [None]) and `score` (tf.float32, [None], the length-penalised
-  log-probability).
-- `n_best`, the `n_best` signature: inputs `text` and `n` (tf.int32, [None]: for each sentence,
-  how many translations, 1 to the beam size); outputs `translations` (tf.string, [None, None])
-  and `scores` (tf.float32, [None, None]), each sentence's n best translations, best first, as
-  many columns as the largest n (server-side batching may merge requests), the columns past a
-  sentence's n holding "" and -1e9.
-- `alignments`, the `alignments` signature: input `text`; outputs `translation` and `score` as
-  `serving_default`'s, the pieces the model read and wrote, `source_pieces` (tf.string, [None,
-  None], the source's pieces and its end of sentence "</s>") and `target_pieces` (tf.string,
-  [None, None]), padded with "", their counts `source_length` and `target_length` (tf.int32,
-  [None]), and `attention` (tf.float32, [None, target, source]): for each target piece, the
-  encoder-decoder attention of the decoder layer `settings.alignment_layer`, averaged over its
-  heads (`keras_transformer.search.alignments`): a distribution over the source pieces, 0 on
-  padding.
-- `prefix`, the `prefix` signature: inputs `text` and `prefix` (tf.string, [None]: for each
-  sentence, the start its translation must have; "" for none); outputs `translation` and `score`
-  as `serving_default`'s, the translation starting with the prefix's pieces (the prefix is cut
-  into pieces on its own), the score counting them as the model's log-probabilities. A prefix
-  of more pieces than the sentence's translation may have (its source's pieces +
-  `max_length_b`) is refused.
-- `sample`, the `sample` signature: inputs `text`, and for each sentence (each [None]): `samples`
-  (tf.int32, 1 to `MAX_SAMPLES`, the translations to draw), `temperature` (tf.float32, > 0),
-  `top_k` (tf.int32, >= 0, 0 for every token), `top_p` (tf.float32, in (0, 1]) and `seed`
-  (tf.int32; a sentence's samples are a function of its seed and options:
-  `keras_transformer.search.sample_search`); outputs `translations` (tf.string, [None, None])
-  and `scores` (tf.float32, [None, None], the model's length-penalised log-probability of each),
-  as many columns as the largest `samples`, padded with "" and -1e9 as `n_best`'s.
-
-- `options`, the `options` signature: input `text`, and one input per decoding option of
-  `keras_transformer.search.OPTIONS` (export/README.md's table), each `[None]` (one value per
-  sentence, or one for all; `suppress_sequences`: tf.string `[None, None]`, each sentence's
-  phrases, "" for none), each defaulting to the export's value, which TF Serving feeds for an
-  input a request leaves out; outputs `translation` and `score` as `serving_default`'s, and `cut`
-  (tf.bool, [None]): the source was cut (at `max_input_length` or the model's `max_length`).
-  Outputs have at most the export's limit for its longest source. Values out of range are refused
-  with InvalidArgument naming the option.
-- `score`, the `score` signature: inputs `text`, `target` (tf.string, [None], a translation of
-  each) and `alpha` (tf.float32, [None], default the export's); outputs `log_prob` (tf.float32,
-  [None]: log P(target | text), its end of sentence included), `score` (log_prob / lp, as a
-  search scores it), `token_log_probs` (tf.float32, [None, None], each target piece's and the end
-  of sentence's, 0 on padding) and `length` (tf.int32, [None], their count): one forward pass
-  (`keras_transformer.search.score`).
-
-They use only ops of TensorFlow and tensorflow-text (which the stock TF Serving binary links),
-and no XLA.
+Each signature (export/signatures.py declares them: inputs, outputs, defaults; export/README.md
+shows them) is a method of the loaded module: `translate` (`serving_default`), `n_best`,
+`alignments`, `prefix`, `sample`, `options` and `score`. They use only ops of TensorFlow and
+tensorflow-text (which the stock TF Serving binary links), and no XLA.
 
 Bad input still gets one result per line: bytes that are not UTF-8 are replaced by U+FFFD, a
 source longer than the model's `max_length` tokens is cut there, and outputs have at most
-`max_length_a * max_length + max_length_b` tokens, so no request can take unbounded memory; no option's
-value costs more than the largest that can change the output (an n-gram size or a phrase longer
-than the output is worth nothing). An input that
-is not a vector of strings (TF Serving passes on any shape) is refused with InvalidArgument.
+`max_length_a * max_length + max_length_b` tokens, so no request can take unbounded memory; no
+option's value costs more than the largest that can change the output (an n-gram size or a
+phrase longer than the output is worth nothing). An input that is not a vector of strings (TF
+Serving passes on any shape) is refused with InvalidArgument.
 
 A request's sentences are decoded by `PARALLEL_SEARCHES` independent searches (`in_parallel`),
 which run side by side on separate cores when each op runs on one thread: `use_serving_threads()`
@@ -68,53 +23,18 @@ import os
 
 import tensorflow as tf
 
+from export.signatures import MAX_SAMPLES, SIGNATURES
 from keras_transformer.common import NEG_INF, PAD_ID
-from keras_transformer.search import (OPTION, OPTIONS, DecodingSettings, Execution, alignments, decode,
-                                      sample_search)  # fmt: skip
+from keras_transformer.search import OPTION, OPTIONS, DecodingSettings, Execution, alignments, decode, sample_search
 from keras_transformer.search import score as score_translations
 from keras_transformer.search.input_length import cut
 from keras_transformer.search.loop import graph_function
 from keras_transformer.search.outputs import length_limits
 
-TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
-N_SPEC = tf.TensorSpec([None], tf.int32, name="n")
-PREFIX_SPEC = tf.TensorSpec([None], tf.string, name="prefix")
-SAMPLE_SPECS = [tf.TensorSpec([None], tf.int32, name="samples"), tf.TensorSpec([None], tf.float32, name="temperature"),
-                tf.TensorSpec([None], tf.int32, name="top_k"), tf.TensorSpec([None], tf.float32, name="top_p"),
-                tf.TensorSpec([None], tf.int32, name="seed")]  # fmt: skip
-TARGET_SPEC = tf.TensorSpec([None], tf.string, name="target")
 IDS_SPEC = tf.TensorSpec([None, None], tf.int32)
-
-
-def option_spec(option):
-    """The `options` signature's input for a decoding option (keras_transformer/search/settings.py's
-    `OPTIONS`): a value per sentence, `[None]`; token sequences as `[None, None]` strings."""
-    if option.dtype == "string":
-        return tf.TensorSpec([None, None], tf.string, name=option.name)
-    return tf.TensorSpec([None], option.dtype, name=option.name)
-
-
-OPTION_SPECS = [option_spec(option) for option in OPTIONS]
-ALPHA_SPEC = option_spec(OPTION["alpha"])
-# The SavedModel's signatures: name -> the `Translator` method behind it.
-SIGNATURES = {"serving_default": "translate", "n_best": "n_best", "alignments": "alignments", "prefix": "prefix",
-              "sample": "sample", "options": "options", "score": "score"}  # fmt: skip
-# Samples a request may ask for each sentence: each is a search of its own, and memory grows with them.
-MAX_SAMPLES = 100
 PARALLEL_SEARCHES = 2
 # The served graph: TensorFlow without XLA (as the stock TF Serving binary runs it), on CPUs.
 SERVED_EXECUTION = Execution.choose(compiled=False, platform="cpu")
-
-
-def options_table():
-    """export/README.md's table of the `options` signature's inputs, made from `OPTIONS`
-    (tests/test_export.py checks that the README holds it)."""
-    rows = ["| input | dtype | default | valid | what it does |", "| --- | --- | --- | --- | --- |"]
-    for option, spec in zip(OPTIONS, OPTION_SPECS):
-        shape = "[None, None]" if len(spec.shape) == 2 else "[None]"
-        default = "none" if option.default == () else str(option.default).lower()
-        rows.append(f"| `{option.name}` | `tf.{spec.dtype.name}` `{shape}` | {default} | {option.valid} | {option.help} |")
-    return "\n".join(rows) + "\n"
 
 
 def use_serving_threads():
@@ -160,17 +80,15 @@ class Translator(tf.Module):
         object.__setattr__(self, "_translate_ids", translate_ids)
         # Outputs of the `options` signature have at most the export's limit for its longest source.
         self.longest_output = int(settings.max_length_a * model.config.max_length) + settings.max_length_b
-        defaults = [self._default(option) for option in OPTIONS]
-        self.options = with_defaults(self._options, [TEXT_SPEC, *OPTION_SPECS], defaults)
-        self.score = with_defaults(self._score, [TEXT_SPEC, TARGET_SPEC, ALPHA_SPEC], [tf.constant([settings.alpha])])
+        for signature in SIGNATURES:  # its method: an input with an option defaults to the export's value
+            defaults = [self._default(tensor.option) for tensor in signature.inputs if tensor.option is not None]
+            setattr(self, signature.method, with_defaults(getattr(self, "_" + signature.method), signature.specs(), defaults))
 
-    @graph_function(input_signature=[TEXT_SPEC])
-    def translate(self, text):
+    def _translate(self, text):
         result = self._translate_ids(self._source_ids(text))
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
-    @graph_function(input_signature=[TEXT_SPEC])
-    def alignments(self, text):
+    def _alignments(self, text):
         source_ids = self._source_ids(text)
         result = self._search(self.settings, source_ids)
         source_length, target_length = (tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=1)
@@ -186,10 +104,9 @@ class Translator(tf.Module):
             "attention": alignments(self.model, source_ids, tokens, self.settings.alignment_layer),
         }
 
-    @graph_function(input_signature=[TEXT_SPEC, N_SPEC])
-    def n_best(self, text, n):
+    def _n_best(self, text, n):
         k = self.settings.beam_size
-        n = _per_sentence(n, N_SPEC, text)
+        n = _per_sentence(n, "n", text)
         checks = [
             tf.debugging.assert_greater_equal(n, 1, message=f"n must be 1 to the beam size, {k}"),
             tf.debugging.assert_less_equal(n, k, message=f"n must be 1 to the beam size, {k}"),
@@ -199,10 +116,9 @@ class Translator(tf.Module):
             result = self._search(dataclasses.replace(self.settings, num_hypotheses=k), self._source_ids(text))
         return self._lists(result, n)
 
-    @graph_function(input_signature=[TEXT_SPEC, PREFIX_SPEC])
-    def prefix(self, text, prefix):
+    def _prefix(self, text, prefix):
         source_ids = self._source_ids(text)
-        prefix_ids = self.tokenizer.tokenize(_clean(_per_sentence(prefix, PREFIX_SPEC, text))).to_tensor()  # [batch, p]
+        prefix_ids = self.tokenizer.tokenize(_clean(_per_sentence(prefix, "prefix", text))).to_tensor()  # [batch, p]
         limit, _ = length_limits(self.model, source_ids, self.settings, None)  # [batch]
         pieces = tf.reduce_sum(tf.cast(prefix_ids != PAD_ID, tf.int32), axis=1)
         message = (f"prefix has more pieces than a translation of its sentence may have (max_length_a "
@@ -211,10 +127,9 @@ class Translator(tf.Module):
             result = self._search(self.settings, source_ids, prefix_ids)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
-    @graph_function(input_signature=[TEXT_SPEC, *SAMPLE_SPECS])
-    def sample(self, text, samples, temperature, top_k, top_p, seed):
-        samples, temperature, top_k, top_p, seed = (_per_sentence(value, spec, text) for value, spec
-                                                    in zip((samples, temperature, top_k, top_p, seed), SAMPLE_SPECS))  # fmt: skip
+    def _sample(self, text, samples, temperature, top_k, top_p, seed):
+        values = {"samples": samples, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+        samples, temperature, top_k, top_p, seed = (_per_sentence(value, name, text) for name, value in values.items())
         checks = [
             tf.debugging.assert_greater_equal(samples, 1, message=f"samples must be 1 to {MAX_SAMPLES}"),
             tf.debugging.assert_less_equal(samples, MAX_SAMPLES, message=f"samples must be 1 to {MAX_SAMPLES}"),
@@ -225,7 +140,7 @@ class Translator(tf.Module):
         ]
         with tf.control_dependencies(checks):
             width = tf.reduce_max(tf.concat([samples, [0]], axis=0))
-            result = self._sample(self._source_ids(text), seed, temperature, top_k, top_p, width)
+            result = self._sampled(self._source_ids(text), seed, temperature, top_k, top_p, width)
         return self._lists(result, samples)
 
     def _options(self, text, *values):
@@ -233,8 +148,8 @@ class Translator(tf.Module):
         (or one for all); the export's where a request gives none."""
         source_ids = self._source_ids(text, max_length=None)  # cut below, at the request's limit or the model's
         options, checks = {}, []
-        for option, spec, value in zip(OPTIONS, OPTION_SPECS, values):
-            value = _per_sentence(value, spec, text, broadcast=True)
+        for option, value in zip(OPTIONS, values):
+            value = _per_sentence(value, option.name, text, broadcast=True)
             checks += self._checks(option, value)
             options[option.name] = self._suppressed(value) if option.dtype == "string" else value
         with tf.control_dependencies(checks):
@@ -246,8 +161,8 @@ class Translator(tf.Module):
 
     def _score(self, text, target, alpha):
         source_ids = self._source_ids(text)
-        target_ids = self._source_ids(_per_sentence(target, TARGET_SPEC, text))  # its pieces and the end of sentence
-        alpha = _per_sentence(alpha, ALPHA_SPEC, text, broadcast=True)
+        target_ids = self._source_ids(_per_sentence(target, "target", text))  # its pieces and the end of sentence
+        alpha = _per_sentence(alpha, "alpha", text, broadcast=True)
         def scored(source_ids, target_ids, alpha):  # a slice's, trimmed to its own longest source and target
             return score_translations(self.model, _trimmed(source_ids), _trimmed(target_ids), alpha)
 
@@ -309,7 +224,7 @@ class Translator(tf.Module):
     def _source_ids(self, text, max_length=-1):
         """Text `[batch]` -> ids `[batch, length]` cut at `max_length` tokens (default: the
         model's; None: not cut)."""
-        text = _clean(tf.ensure_shape(text, TEXT_SPEC.shape, name="text_must_be_a_vector_of_strings"))
+        text = _clean(tf.ensure_shape(text, [None], name="text_must_be_a_vector_of_strings"))
         max_length = self.model.config.max_length if max_length == -1 else max_length
         return self.tokenizer.encode_source(text, max_length).to_tensor()
 
@@ -321,7 +236,7 @@ class Translator(tf.Module):
         inputs = (source_ids, target_prefix) if prefixed else (source_ids,)
         return in_parallel(self._function((settings, prefixed), search, [IDS_SPEC] * len(inputs)), inputs, self.searches)
 
-    def _sample(self, source_ids, seed, temperature, top_k, top_p, samples):
+    def _sampled(self, source_ids, seed, temperature, top_k, top_p, samples):
         def sample(ids, seed, temperature, top_k, top_p, samples):
             return sample_search(self.model, ids, seed, self.settings, num_samples=samples, temperature=temperature,
                                  top_k=top_k, top_p=top_p, execution=SERVED_EXECUTION)  # fmt: skip
@@ -344,17 +259,17 @@ def _clean(text):
     return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
 
 
-def _per_sentence(values, spec, text, broadcast=False):
-    """`values` checked to have `spec`'s shape (TF Serving feeds any shape it is sent; Python
-    callers are checked against the signature) and one value per sentence of `text` (with
-    `broadcast`, or one for all, which is repeated), with errors that name the input."""
-    kind = "vector" if len(spec.shape) == 1 else "matrix"
-    values = tf.ensure_shape(values, spec.shape, name=f"{spec.name}_must_be_a_{kind}_of_{spec.dtype.name}")
+def _per_sentence(values, name, text, broadcast=False):
+    """Input `name`'s `values` checked to have the signature's shape (TF Serving feeds any shape it
+    is sent; Python callers are checked against the signature) and one value per sentence of
+    `text` (with `broadcast`, or one for all, which is repeated), with errors that name the input."""
+    kind = "vector" if len(values.shape) == 1 else "matrix"
+    values = tf.ensure_shape(values, [None] * len(values.shape), name=f"{name}_must_be_a_{kind}_of_{values.dtype.name}")
     rows, batch = tf.shape(values)[0], tf.size(text)
     if broadcast:
         values = tf.cond(tf.equal(rows, 1), lambda: tf.repeat(values, batch, axis=0), lambda: values)
         rows = tf.shape(values)[0]
-    message = f"{spec.name} must hold one value per sentence of text" + (" (or one for all)" if broadcast else "")
+    message = f"{name} must hold one value per sentence of text" + (" (or one for all)" if broadcast else "")
     with tf.control_dependencies([tf.debugging.assert_equal(rows, batch, message=message)]):
         return tf.identity(values)
 

@@ -15,7 +15,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 
 from conftest import loaded_export
-from export.serving import PARALLEL_SEARCHES, SIGNATURES
+from export.serving import PARALLEL_SEARCHES
+from export.signatures import SIGNATURES, TEXT
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
 from training.run_folder import RunFolder
@@ -119,6 +120,23 @@ def test_the_signature_and_assets(exported):
         metadata = json.load(f)
     assert (metadata["source_lang"], metadata["target_lang"], metadata["beam_size"], metadata["alpha"]) == ("en", "de", 4, 0.6)
     assert metadata["searches"] == PARALLEL_SEARCHES
+
+
+def test_each_signature_serves_what_its_declaration_says_and_the_readme_shows_its_table(exported):
+    loaded = loaded_export(exported[4])
+    with open(os.path.join(ROOT, "export", "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+
+    def kinds(tensors):
+        return {tensor.name: (tf.as_dtype(tensor.dtype), tensor.rank) for tensor in tensors}
+
+    for declared in SIGNATURES:
+        served = loaded.signatures[declared.name]
+        inputs, outputs = served.structured_input_signature[1], served.structured_outputs
+        assert {name: (spec.dtype, spec.shape.rank) for name, spec in inputs.items()} == kinds((TEXT, *declared.inputs))
+        assert {name: (spec.dtype, spec.shape.rank) for name, spec in outputs.items()} == kinds(declared.outputs)
+        assert callable(getattr(loaded, declared.method))
+        assert declared.table() in readme, declared.table()
 
 
 # saved_model_cli (TensorFlow's console script, run by this interpreter rather than found on PATH)
@@ -331,7 +349,7 @@ def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported,
     # Every signature, with every input it has, at each batch size.
     expected = [(name, sorted(signature.structured_input_signature[1]), batch)
                 for name, signature in loaded.signatures.items() for batch in (1, 32)]  # fmt: skip
-    assert sorted(requests) == sorted(expected) and set(loaded.signatures) == set(SIGNATURES)
+    assert sorted(requests) == sorted(expected) and set(loaded.signatures) == {signature.name for signature in SIGNATURES}
 
 
 def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyond_the_beam(exported):

@@ -11,7 +11,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from conftest import loaded_export
 from search_helpers import _length_penalty
-from export.serving import OPTION_SPECS, options_table
+from export.signatures import SIGNATURE
 from keras_transformer import BOS_ID, PAD_ID, UNK_ID
 from keras_transformer.search import OPTION, OPTIONS, DecodingSettings, decode
 from keras_transformer.search.input_length import cut
@@ -104,7 +104,7 @@ def library(artifacts, served):
 
 
 def _inputs(values):
-    specs = {spec.name: spec for spec in OPTION_SPECS}
+    specs = {tensor.name: tensor.spec for tensor in SIGNATURE["options"].inputs}
     return {name: tf.constant(value, specs[name].dtype) for name, value in values.items()}
 
 
@@ -272,11 +272,6 @@ def test_score_is_a_full_forward_pass_and_equals_the_searchs_own_score(served, l
     np.testing.assert_allclose(penalised, scored["log_prob"] / penalties, rtol=1e-5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="target must hold one value per sentence of text"):
         served.score(text, tf.constant(targets[:2]))
-
-
-def test_export_readme_holds_the_table_of_options():
-    with open(os.path.join(ROOT, "export", "README.md"), encoding="utf-8") as f:
-        assert options_table() in f.read()
 
 
 def test_translate_command_line_takes_each_option_and_scores_a_file(artifacts, tmp_path, capsys, monkeypatch):
