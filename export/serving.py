@@ -151,7 +151,7 @@ class Translator(tf.Module):
         for option, value in zip(OPTIONS, values):
             value = _per_sentence(value, option.name, text, broadcast=True)
             checks += self._checks(option, value)
-            options[option.name] = self._suppressed(value) if option.dtype == "string" else value
+            options[option.name] = self._pieces_of_phrases(value) if option.kind.tokenized else value
         with tf.control_dependencies(checks):
             limit = options.pop("max_input_length")
             limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
@@ -175,8 +175,8 @@ class Translator(tf.Module):
     def _default(self, option):
         """The export's value of `option` as the signature's default: one value, for every sentence."""
         value = getattr(self.settings, option.name)
-        if option.dtype != "string":
-            return tf.constant([value], option.dtype)
+        if not option.kind.tokenized:
+            return tf.constant([value], option.kind.served_dtype)
         if not value:
             return tf.zeros([1, 0], tf.string)
         return self.tokenizer.detokenize(tf.ragged.constant([list(sequence) for sequence in value]))[None]
@@ -186,11 +186,12 @@ class Translator(tf.Module):
         if option.check is None:
             return []
         valid, valid_text = option.check(value), option.valid
-        if option.name == "beam_size":
-            valid, valid_text = valid & (value <= self.settings.beam_size), f"1 to the beam size of this export, {self.settings.beam_size}"
+        if option.export_bound:
+            export_value = getattr(self.settings, option.name)
+            valid, valid_text = valid & (value <= export_value), f"{valid_text}: at most {export_value} in this export"
         return [tf.debugging.Assert(tf.reduce_all(valid), [f"{option.name} must be {valid_text}"])]
 
-    def _suppressed(self, phrases):
+    def _pieces_of_phrases(self, phrases):
         """Strings `[batch, s]` -> their pieces, int32 `[batch, s, pieces]` (padded with 0). A phrase
         of more pieces than the longest output never occurs in one: it becomes padding, so that
         no phrase makes a step cost more than one of `longest_output` pieces."""

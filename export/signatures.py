@@ -53,12 +53,12 @@ class Tensor:
 
 
 def option_input(option):
-    """The `options` signature's input for a decoding option: a value per sentence (token
-    sequences: each sentence's phrases, `[None, None]` strings), the option's example in warm-ups."""
+    """The `options` signature's input for a decoding option: a value per sentence of its kind's
+    served form, the option's example in warm-ups."""
     default = "none" if option.default == () else str(option.default).lower()
-    string = option.dtype == "string"
-    return Tensor(option.name, option.dtype, f"{option.help} (default {default}; {option.valid})", rank=2 if string else 1,
-                  option=option, warmup=np.array(option.example, object) if string else np.dtype(option.dtype).type(option.example))  # fmt: skip
+    kind = option.kind
+    return Tensor(option.name, kind.served_dtype, f"{option.help} (default {default}; {option.valid})",
+                  rank=kind.served_rank, option=option, warmup=kind.served(option.example))  # fmt: skip
 
 
 TEXT = Tensor("text", "string")
@@ -222,9 +222,11 @@ class Options(Signature):
     inputs = tuple(option_input(option) for option in OPTIONS)
     outputs = (TRANSLATION, SCORE, Tensor("cut", "bool", "the source was cut (at `max_input_length` or the model's `max_length`)"))
 
-    def warmup(self, text, settings):  # each option on (a beam within the export's)
+    def warmup(self, text, settings):  # each option on, within the export's bounds
         inputs = super().warmup(text, settings)
-        inputs["beam_size"] = np.minimum(inputs["beam_size"], settings.beam_size)
+        for option in OPTIONS:
+            if option.export_bound:
+                inputs[option.name] = np.minimum(inputs[option.name], getattr(settings, option.name))
         return inputs
 
     def add_flags(self, parser, group):

@@ -3,6 +3,7 @@ suite's shared export of beam 4 (tests/artifacts.py)."""
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -112,7 +113,7 @@ def test_every_option_is_an_input_of_its_kind(served):
     specs = served.signatures["options"].structured_input_signature[1]
     assert {name: (spec.dtype, spec.shape.as_list()) for name, spec in specs.items()} == {
         "text": (tf.string, [None]),
-        **{option.name: (tf.as_dtype(option.dtype), [None, None] if option.dtype == "string" else [None]) for option in OPTIONS},
+        **{option.name: (tf.as_dtype(option.kind.served_dtype), [None] * option.kind.served_rank) for option in OPTIONS},
     }
 
 
@@ -124,11 +125,11 @@ def test_an_omitted_option_is_the_exports_value_in_the_signature_def_and_in_the_
     defaults = {name: tf.make_ndarray(proto) for name, proto in saved.meta_graphs[0].signature_def["options"].defaults.items()}
     assert sorted(defaults) == sorted(option.name for option in OPTIONS)  # TF Serving feeds these for omitted inputs
     for option in OPTIONS:
-        if option.dtype == "string":
+        if option.kind.tokenized:
             assert defaults[option.name].shape == (1, 0)
         else:  # the export's own values, not the table's
             value = EXPORTED.get(option.name, option.default)
-            np.testing.assert_array_equal(defaults[option.name], np.array([value], option.dtype), option.name)
+            np.testing.assert_array_equal(defaults[option.name], np.array([value], option.kind.served_dtype), option.name)
     assert defaults["alpha"] != [OPTION["alpha"].default] and defaults["no_repeat_ngram_size"] != [OPTION["no_repeat_ngram_size"].default]
     # Omitted: the export's decoding, serving_default's translations, not the table's decoding.
     served, text = loaded_export(path), tf.constant(BINDING)
@@ -160,7 +161,7 @@ def test_each_option_alone_where_it_binds_decodes_as_the_library(customised):
     source_ids, was_cut = cut(tokenizer.encode_source(tf.constant(BINDING * len(ALONE))).to_tensor(),
                               np.array([row["max_input_length"] for row in rows]))  # fmt: skip
     phrases = tokenizer.tokenize(tf.constant([(row["suppress_sequences"] or [""])[0] for row in rows])).to_tensor()
-    settings = DecodingSettings(**{o.name: np.array([row[o.name] for row in rows], o.dtype) for o in OPTIONS
+    settings = DecodingSettings(**{o.name: np.array([row[o.name] for row in rows], o.kind.dtype) for o in OPTIONS
                                    if o.name not in ("suppress_sequences", "max_input_length")},
                                 suppress_sequences=phrases[:, None])  # fmt: skip
     longest = int(model.config.max_length * DecodingSettings.max_length_a) + DecodingSettings.max_length_b
@@ -198,11 +199,14 @@ def test_per_sentence_options_give_what_the_library_gives_each_sentence(served, 
     np.testing.assert_array_equal(one["translation"], each["translation"])
 
 
+BEAM_ERROR = re.escape("beam_size must be at least 1, and at most the search width (the beam size of an export): at most 4 in this export")
+
+
 def test_bad_option_values_are_invalid_arguments_that_name_the_option(served):
     text = tf.constant(SENTENCES)
     for name, value, error in (
-        ("beam_size", [5], "beam_size must be 1 to the beam size of this export, 4"),
-        ("beam_size", [0], "beam_size must be 1 to the beam size of this export, 4"),
+        ("beam_size", [5], BEAM_ERROR),
+        ("beam_size", [0], BEAM_ERROR),
         ("alpha", [math.nan], "alpha must be >= 0"),
         ("alpha", [-1.0], "alpha must be >= 0"),
         ("min_length", [2, -1, 0], "min_length must be >= 0"),
@@ -230,9 +234,9 @@ def test_a_phrase_longer_than_any_output_costs_nothing_and_changes_nothing(serve
     model, tokenizer = library
     translator = Translator(model, tokenizer)
     phrases = tf.constant([["Hund " * 2000, "Hund"], ["rote", ""]])
-    pieces = translator._suppressed(phrases).numpy()  # [2, 2, pieces]
+    pieces = translator._pieces_of_phrases(phrases).numpy()  # [2, 2, pieces]
     assert pieces.shape[2] <= translator.longest_output and not pieces[0, 0].any()
-    np.testing.assert_array_equal(pieces[:, 1:], translator._suppressed(phrases[:, 1:]).numpy())
+    np.testing.assert_array_equal(pieces[:, 1:], translator._pieces_of_phrases(phrases[:, 1:]).numpy())
     text = tf.constant(SENTENCES[:2])
     with_long = served.options(text, suppress_sequences=phrases)["translation"].numpy()
     np.testing.assert_array_equal(with_long, served.options(text, suppress_sequences=phrases[:, 1:])["translation"].numpy())

@@ -53,8 +53,7 @@ class Processing:
 
 
 def _typed(value, option):
-    """Per-sentence values as a tensor of the option's dtype (token ids for "string"); a Python
-    value as is."""
+    """Per-sentence values as a tensor of the option's kind's dtype; a Python value as is."""
     if one_value(value):
         return value
-    return ops.convert_to_tensor(value, "int32" if option.dtype == "string" else option.dtype)
+    return ops.convert_to_tensor(value, option.kind.dtype)

@@ -2,6 +2,7 @@
 paper's decoding by default) made from it, the `SearchResult` a search returns, and the length
 penalty it scores with."""
 
+import argparse
 import collections
 import dataclasses
 
@@ -15,37 +16,94 @@ from keras_transformer.search.processors import (disable_unk, min_length, no_rep
 STOPPING_RULES = ("exact", "first_k")  # DecodingSettings.stopping
 
 
+class Kind:
+    """The kind of an option's values, and their form in each place: the type of its
+    `DecodingSettings` field (`python`), the dtype of its per-sentence tensor in a search
+    (`dtype`), the SavedModel input's dtype and rank (`served_dtype`, `served_rank`; `tokenized`:
+    text that the export's tokenizer cuts into the search's ids), its flag, and its warm-up value."""
+
+    def __init__(self, python, dtype, served_dtype=None, served_rank=1, tokenized=False):
+        self.python, self.dtype, self.served_dtype = python, dtype, served_dtype or dtype
+        self.served_rank, self.tokenized = served_rank, tokenized
+
+    def turns_on(self, values, default):
+        """Elementwise: per-sentence `values` (a search's tensor) that may differ from `default`."""
+        return values != default
+
+    def add_flag(self, group, flag, default, help):
+        group.add_argument(flag, type=self.python, default=default, help=help)
+
+    def from_flag(self, value, tokenizer):
+        """A flag's value as the `DecodingSettings` field's."""
+        return value
+
+    def served(self, value):
+        """A value (`example`) as the SavedModel input's for one sentence, in NumPy."""
+        return np.dtype(self.served_dtype).type(value)
+
+
+class _Bool(Kind):
+    def add_flag(self, group, flag, default, help):
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
+
+
+class _Phrases(Kind):
+    """Token sequences: in a search, `[batch, s, length]` ids padded with 0; served, each
+    sentence's phrases as text (`[batch, s]` strings, "" for none); on the command line, a
+    phrase a flag."""
+
+    def turns_on(self, values, default):
+        return values != 0
+
+    def add_flag(self, group, flag, default, help):
+        group.add_argument(flag, action="append", default=None, metavar="TEXT",
+                           help=f"{help}: a phrase, cut into pieces (repeat the flag for more)")  # fmt: skip
+
+    def from_flag(self, phrases, tokenizer):
+        if not phrases:
+            return ()
+        if tokenizer is None:
+            raise ValueError("token sequences need the run's tokenizer to cut the phrases into pieces.")
+        return tuple(tuple(tokenizer.tokenize(phrase).numpy().tolist()) for phrase in phrases)
+
+    def served(self, value):
+        return np.array(value, object)
+
+
+INT32, FLOAT32, BOOL = Kind(int, "int32"), Kind(float, "float32"), _Bool(bool, "bool")
+PHRASES = _Phrases(tuple, "int32", served_dtype="string", served_rank=2, tokenized=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A decoding option: one row of `OPTIONS`, which gives `DecodingSettings` its field, the
-    SavedModel's `options` signature its input (export/serving.py), `export.translate` and
-    `training.evaluate` their flags, and export/README.md its table (tests/test_served_options.py
-    checks that table against this one).
+    SavedModel's `options` signature its input (export/signatures.py), the commands that decode
+    their flags (flags.py), and export/README.md its row.
 
     Args:
         name: the field's, input's and (with dashes) flag's name.
-        dtype: "int32", "float32", "bool", or "string" (token sequences, given to the SavedModel
-            as text: `[batch, n]` strings, each cut into pieces).
+        kind: a `Kind`: INT32, FLOAT32, BOOL or PHRASES (token sequences).
         default: the paper's decoding; for an option with a processor, the value that turns it off.
         valid: which values are allowed, in words, for errors and documents.
         check: values -> bool, elementwise, for NumPy arrays and tensors alike; None: any value of
-            the dtype.
+            the kind.
         help: what it does, for flags and documents.
         example: a value that turns it on, as a user would set it (CTranslate2's and fairseq's
-            documented examples; for "string", phrases): the warm-up requests and bench.options
-            use it.
+            documented examples; for PHRASES, text): the warm-up requests and bench.options use it.
         processor: `process(log_probs, step, value)` (keras_transformer/search/processors/), for an
             option that acts in the step's seam; None for one that the searches read themselves.
+        export_bound: an export's own value is the most a request may ask (the search's width).
     """
 
     name: str
-    dtype: str
+    kind: Kind
     default: object
     valid: str
     check: object
     help: str
     example: object
     processor: object = None
+    export_bound: bool = False
 
     def is_set(self, value):
         """Whether `value` (a Python value, or one per sentence) may differ from the default."""
@@ -53,7 +111,7 @@ class Option:
 
     def sets_any(self, values):
         """Whether any of per-sentence `values` (a tensor) turns the option on: a scalar bool."""
-        return ops.any(values != (0 if self.dtype == "string" else self.default))
+        return ops.any(self.kind.turns_on(values, self.default))
 
     def check_value(self, value):
         """Raises ValueError naming the option unless each of `value`'s numbers is valid;
@@ -66,25 +124,25 @@ class Option:
 
 
 OPTIONS = (
-    Option("beam_size", "int32", 4, "at least 1, and at most the search's width (an export's beam size)",
-           lambda v: v >= 1, "hypotheses kept per sentence; 1 is greedy search", 2),
-    Option("alpha", "float32", 0.6, ">= 0", lambda v: v >= 0,
+    Option("beam_size", INT32, 4, "at least 1, and at most the search width (the beam size of an export)",
+           lambda v: v >= 1, "hypotheses kept per sentence; 1 is greedy search", 2, export_bound=True),
+    Option("alpha", FLOAT32, 0.6, ">= 0", lambda v: v >= 0,
            "the length penalty's exponent: a score is log P / ((5 + length) / 6) ** alpha", 1.0),
-    Option("max_length_a", "float32", 1.0, ">= 0", lambda v: v >= 0,
+    Option("max_length_a", FLOAT32, 1.0, ">= 0", lambda v: v >= 0,
            "an output has at most a * (source length) + b tokens (fairseq's --max-len-a)", 1.2),
-    Option("max_length_b", "int32", 50, ">= 0", lambda v: v >= 0, "b of max_length_a (fairseq's --max-len-b)", 10),
-    Option("min_length", "int32", 0, ">= 0", lambda v: v >= 0,
+    Option("max_length_b", INT32, 50, ">= 0", lambda v: v >= 0, "b of max_length_a (fairseq's --max-len-b)", 10),
+    Option("min_length", INT32, 0, ">= 0", lambda v: v >= 0,
            "no end of sentence before this many output tokens", 3, min_length.process),
-    Option("no_repeat_ngram_size", "int32", 0, ">= 0", lambda v: v >= 0,
+    Option("no_repeat_ngram_size", INT32, 0, ">= 0", lambda v: v >= 0,
            "no n-gram of this size twice in an output; 0: off", 3, no_repeat_ngram.process),
-    Option("repetition_penalty", "float32", 1.0, "> 0", lambda v: v > 0,
+    Option("repetition_penalty", FLOAT32, 1.0, "> 0", lambda v: v > 0,
            "a token output already has its log-probability multiplied by this; 1: off", 1.2,
            repetition_penalty.process),
-    Option("disable_unk", "bool", False, "true or false", None, "never output the unknown token", True,
+    Option("disable_unk", BOOL, False, "true or false", None, "never output the unknown token", True,
            disable_unk.process),
-    Option("suppress_sequences", "string", (), "token sequences", None,
+    Option("suppress_sequences", PHRASES, (), "token sequences", None,
            "token sequences an output must not contain", ("the", "a"), suppress_sequences.process),
-    Option("max_input_length", "int32", 0, ">= 0", lambda v: v >= 0,
+    Option("max_input_length", INT32, 0, ">= 0", lambda v: v >= 0,
            "a longer source (in tokens, the end of sentence included) is cut to this many; 0: the model's limit", 20),
 )  # fmt: skip
 OPTION = {option.name: option for option in OPTIONS}
@@ -106,10 +164,9 @@ def _symbolic(value):
     return hasattr(value, "shape") and not isinstance(value, np.ndarray) and not hasattr(value, "numpy")
 
 
-_TYPES = {"int32": int, "float32": float, "bool": bool, "string": tuple}
 DecodingSettings = dataclasses.make_dataclass(
     "DecodingSettings",
-    [(option.name, _TYPES[option.dtype], dataclasses.field(default=option.default)) for option in OPTIONS]
+    [(option.name, option.kind.python, dataclasses.field(default=option.default)) for option in OPTIONS]
     + [("stopping", str, "exact"), ("num_hypotheses", int | None, None), ("alignment_layer", int, -1)],
     frozen=True,
     namespace={"__post_init__": _check, "__module__": __name__},
