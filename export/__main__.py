@@ -32,7 +32,8 @@ def main(argv=None):
     parser.add_argument("--alignment-layer", type=int, default=DecodingSettings.alignment_layer,
                         help="the decoder layer whose attention the alignments signature returns (-1: the last)")
     parser.add_argument("--version", type=int, help="the version number (default: the highest there + 1)")
-    parser.add_argument("--checkpoint", help="a checkpoint path (default: averaged, else latest)")
+    parser.add_argument("--checkpoint", help="latest, a step, averaged, or a checkpoint's path (default: averaged "
+                        "while it is the newest, else latest)")
     parser.add_argument("--searches", type=int, default=PARALLEL_SEARCHES,
                         help="independent searches a request's sentences are split between, run side by side "
                         "on separate cores (about one per core a request should use)")  # fmt: skip

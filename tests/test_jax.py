@@ -101,8 +101,9 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
     their union and a+b accumulated, on one device and on two; three of the union and of a+b); a
     run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared JAX run
     (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and averaged;
-    conftest's CLOCKED run on a fake clock; and greedy and beam search of a run that `python -m
-    training.train --backend jax` trained on 8 pairs. Returns (its outputs by name, folder, the
+    conftest's CLOCKED run on a fake clock; greedy and beam search of a run that `python -m
+    training.train --backend jax` trained on 8 pairs; and a run started from the shared one
+    (--init-from). Returns (its outputs by name, folder, the
     8 pairs)."""
     from training.average_checkpoints import average_checkpoints
     from training.tokenizer import Tokenizer
@@ -147,6 +148,8 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
                    "--no-evaluate"],
         "clocked": ["clocked", str(folder / "clocked"), *CLOCKED],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
+        "tuned": ["train", "--run-dir", str(folder / "tuned"), *MECHANICS, "--steps", "4", "--checkpoint-every", "2",
+                  "--steps-per-call", "2", "--warmup-steps", "10", "--no-evaluate", "--init-from", artifacts.jax_run],
     }  # fmt: skip
     outputs = json.loads(run_under("jax", WORKER, "session", json.dumps(list(commands.values())), devices=2).splitlines()[-1])
     return dict(zip(commands, outputs)), folder, pairs
@@ -162,6 +165,23 @@ def _step(name, start, under_jax):
         step(str(path / "init.weights.h5"), str(path / "batch.npz"), 3, out, name.split("-", 1)[1])
     with open(out + ".json") as f:
         return json.load(f), out + ".weights.h5"
+
+
+def test_a_jax_run_started_from_another_has_its_weights_and_a_fresh_optimizer_at_step_0(artifacts, under_jax):
+    outputs, folder, _ = under_jax
+    source, run = RunFolder(artifacts.jax_run), RunFolder(str(folder / "tuned"))
+    assert f"Started from {source.checkpoint('latest')} (step 40 of {artifacts.jax_run})" in outputs["tuned"]
+    assert [step for step, _ in run.checkpoints()] == [0, 2, 4]
+    assert run.segments()[0]["settings"]["init_from"]["checkpoint"] == source.checkpoint("latest")
+    step_0, theirs = (_weights(os.path.join(path, "model.weights.h5"), run.config())
+                      for path in (run.checkpoint("0"), source.checkpoint("latest")))  # fmt: skip
+    for (name, ours), (_, value) in zip(step_0, theirs):
+        np.testing.assert_array_equal(ours, value, err_msg=name)
+    with np.load(os.path.join(run.checkpoint("0"), "training_state.npz")) as saved:
+        optimizer = [saved[key] for key in saved.files if key.startswith("optimizer/")]
+    assert optimizer and not any(np.any(value) for value in optimizer)  # no update yet: every slot and the count 0
+    tuned = _weights(os.path.join(run.checkpoint("4"), "model.weights.h5"), run.config())
+    assert not np.allclose(tuned[0][1], step_0[0][1])
 
 
 def test_jax_steps_equal_tensorflow_steps(start, under_jax):

@@ -328,3 +328,55 @@ def test_a_run_folder_of_older_code_resumes_with_another_warmup_which_is_reporte
     new, old = (float(tf.convert_to_tensor(s(164))) for s in schedule)
     np.testing.assert_allclose(logged, new, rtol=1e-6)
     assert abs(new - old) > 1e-2 * old
+
+
+@pytest.mark.slow
+def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimizer_at_step_0(
+        artifacts, synthetic_sentencepiece, tmp_path, capsys):  # fmt: skip
+    import tensorflow as tf
+
+    from keras_transformer import Transformer
+    from training.schedule import TransformerSchedule, paper_optimizer
+    from training.train import parse_args, train
+
+    source = RunFolder(artifacts.tf_run)
+    assert source.checkpoint("140").endswith("ckpt-140") and source.checkpoint("latest").endswith("ckpt-160")
+    for name, error in (("7", "no checkpoint of step 7; it has steps 20, 40,"), ("averaged", "no averaged checkpoint")):
+        with pytest.raises(ValueError, match=error):
+            source.checkpoint(name)
+    flags = [*MECHANICS, "--steps", "4", "--checkpoint-every", "2", "--steps-per-call", "2", "--warmup-steps", "10",
+             "--no-evaluate"]  # fmt: skip
+    run_dir = tmp_path / "tuned"
+    train(parse_args(["--run-dir", str(run_dir), *flags, "--init-from", artifacts.tf_run]))
+    run = RunFolder(str(run_dir))
+    assert f"Started from {source.checkpoint('latest')} (step 160 of {artifacts.tf_run}) with a fresh optimizer" \
+        in capsys.readouterr().out  # fmt: skip
+    assert [step for step, _ in run.checkpoints()] == [0, 2, 4]
+    with open(source.tokenizer_path, "rb") as f:
+        assert (run_dir / "tokenizer.model").read_bytes() == f.read()
+    origin = run.segments()[0]["settings"]["init_from"]
+    assert origin == {"run": artifacts.tf_run, "checkpoint": source.checkpoint("latest"), "step": 160,
+                      "metrics": {key: value for key, value in source.metrics().items() if "bleu" in key or "chrf" in key}}
+    assert origin["metrics"]["bleu"] == source.metrics()["bleu"]
+
+    # Step 0: the source's weights, and an optimizer that has made no update.
+    model = Transformer(run.config())
+    optimizer = paper_optimizer(TransformerSchedule(run.config().d_model, 10))
+    optimizer.build(model.trainable_variables)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(run.checkpoint("0")).expect_partial() \
+        .assert_existing_objects_matched()  # fmt: skip
+    start, _ = source.load_model("latest")
+    for ours, theirs in zip(model.weights, start.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+    assert int(optimizer.iterations.numpy()) == 0
+    assert all(not np.any(variable.numpy()) for variable in optimizer.variables)
+    tuned, _ = run.load_model("4")
+    assert not np.allclose(tuned.weights[0].numpy(), start.weights[0].numpy())  # it trained on
+
+    # Another model, or a run folder with another tokenizer, is refused with what differs.
+    with pytest.raises(ValueError, match=r"its model differs from this one \(d_model: 128 there, 32 here\)"):
+        train(parse_args(["--run-dir", str(tmp_path / "other"), *flags, "--d-model", "32", "--init-from", artifacts.tf_run]))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "tokenizer.model").write_bytes(synthetic_sentencepiece)
+    with pytest.raises(ValueError, match="tokenizer.model is not the tokenizer of"):
+        train(parse_args(["--run-dir", str(tmp_path / "mine"), *flags, "--init-from", f"{artifacts.tf_run}:140"]))

@@ -136,7 +136,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--split", default="test", choices=["dev", "test"])
-    parser.add_argument("--checkpoint", help="a checkpoint path (default: the averaged one if there is one, else the latest)")
+    parser.add_argument("--checkpoint", help="latest, a step, averaged, or a checkpoint's path (default: the averaged one "
+                        "while it is the newest, else the latest)")
     add_decoding_flags(parser)
     parser.add_argument("--limit", type=int, help="evaluate only the first N sentences")
     parser.add_argument("--no-xla", action="store_true", help="search without XLA (TensorFlow only): no compile "

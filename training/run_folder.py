@@ -218,10 +218,29 @@ class RunFolder:
                   file=sys.stderr)  # fmt: skip
         return trained[-1][1] if trained else None
 
+    def checkpoint(self, name):
+        """The path of checkpoint `name`: "latest" (the last training checkpoint), a step's
+        number, "averaged", or a path (as is); ValueError saying what the run holds otherwise."""
+        if name not in ("latest", "averaged") and not str(name).isdigit():
+            return name
+        if name == "averaged":
+            if self.averaged() is None:
+                raise ValueError(f"{self.path} has no averaged checkpoint: make it with training.average_checkpoints.")
+            return self.averaged()[0]
+        trained = dict(self.checkpoints())
+        if not trained:
+            raise ValueError(f"{self.path} holds no checkpoint yet: train first (python -m training.train).")
+        if name == "latest":
+            return trained[max(trained)]
+        if int(name) not in trained:
+            raise ValueError(f"{self.path} has no checkpoint of step {name}; it has steps {', '.join(map(str, trained))}.")
+        return trained[int(name)]
+
     def load_model(self, checkpoint=None):
-        """The model with the weights of `checkpoint` (default: `latest_checkpoint()`)."""
+        """The model with the weights of `checkpoint` (a name of `checkpoint(name)`; default:
+        `latest_checkpoint()`)."""
         model = Transformer(self.config())
-        checkpoint = checkpoint or self.latest_checkpoint()
+        checkpoint = self.checkpoint(checkpoint) if checkpoint else self.latest_checkpoint()
         if checkpoint is None:
             raise ValueError(f"{self.path} holds no checkpoint yet: train first (python -m training.train).")
         load_weights(model, checkpoint)

@@ -32,7 +32,7 @@ from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.config import PRESETS  # noqa: E402
 from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from training import backends, data, evaluate, files, shards, supervisor  # noqa: E402
-from training.run_folder import RunFolder  # noqa: E402
+from training.run_folder import RunFolder, load_weights, step_of  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.tokenized import TokenizedShards  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
@@ -95,6 +95,9 @@ def parse_args(argv=None):
     add("--mixed-precision", action="store_true", help="bfloat16 (TensorFlow on GPU: float16 with loss scaling)")
     add("--no-xla", action="store_true", help="run the step without XLA (for comparison)")
     add("--no-evaluate", action="store_true", help="skip the test evaluation at the end")
+    add("--init-from", metavar="RUN[:CHECKPOINT]", help="fine-tune: start a new run from another run's checkpoint "
+        "(latest, a step or averaged; default latest), with its tokenizer and model (the same --config and model flags), "
+        "a fresh optimizer and these flags' schedule and data")
     add("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.backend = args.backend or keras.config.backend()
@@ -142,6 +145,41 @@ def get_tokenizer(run, text, vocab_size, is_chief):
     return run.load_tokenizer()
 
 
+def initial_checkpoint(spec, run, is_chief):
+    """`--init-from RUN[:CHECKPOINT]`: the origin a new run records (the source run, its
+    checkpoint's path and step, the source's metrics of that checkpoint); the source's tokenizer
+    copied into `run` by the chief. A run folder whose tokenizer differs from the source's is
+    refused (ValueError)."""
+    path, _, name = spec.rpartition(":")
+    if not path or not (name.isdigit() or name in ("latest", "averaged")):  # a path with a colon (gs://...)
+        path, name = spec, "latest"
+    source = RunFolder(path)
+    checkpoint = source.checkpoint(name)
+    tokenizer = source.load_tokenizer()
+    if tf.io.gfile.exists(run.tokenizer_path):
+        if Tokenizer.load(run.tokenizer_path).model_proto != tokenizer.model_proto:
+            raise ValueError(f"--init-from {spec}: {run.tokenizer_path} is not the tokenizer of {path}; use a new --run-dir.")
+    elif is_chief:
+        tf.io.gfile.makedirs(run.path)
+        tokenizer.save(files.aside(run.tokenizer_path))
+        tf.io.gfile.rename(files.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
+    metrics = source.metrics()
+    of_checkpoint = {key: value for key, value in metrics.items() if "bleu" in key or "chrf" in key} \
+        if metrics.get("checkpoint") == checkpoint else {}  # fmt: skip
+    return {"run": path, "checkpoint": checkpoint, "step": step_of(checkpoint), "metrics": of_checkpoint}
+
+
+def check_same_model(source, config, spec):
+    """Refuses (ValueError, naming each difference) a `config` whose weights differ in shape or
+    meaning from the `source` config's; dropout may differ."""
+    old, new = source.to_dict(), config.to_dict()
+    differences = [f"{name}: {old.get(name)!r} there, {new.get(name)!r} here" for name in sorted(set(old) | set(new))
+                   if old.get(name) != new.get(name) and "dropout" not in name]  # fmt: skip
+    if differences:
+        raise ValueError(f"--init-from {spec}: its model differs from this one ({'; '.join(differences)}). Give the "
+                         "--config and model flags it was trained with.")  # fmt: skip
+
+
 def train(args, strategy=None):
     """Trains (or resumes) the run of `args` (from `parse_args`) under Keras' backend; returns
     (model, metrics). `strategy`, a tf.distribute strategy connected to its devices already,
@@ -168,6 +206,7 @@ def train(args, strategy=None):
                               args.data_dir, args.seed)  # fmt: skip
     text = corpus.training_split(run.text_dir, args.tokenizer_sample, args.seed, cut=backend.is_chief,
                                  shares=backend.num_processes)  # fmt: skip
+    origin = initial_checkpoint(args.init_from, run, backend.is_chief) if args.init_from else None
     tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief)
     overrides = {name: getattr(args, name) for name, _, _ in MODEL_FLAGS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
@@ -175,10 +214,16 @@ def train(args, strategy=None):
     settings = {name: getattr(args, name) for name in vars(args)}
     settings.update(dataset=args.dataset, source_lang=corpus.source_lang, target_lang=corpus.target_lang,
                     processes=backend.num_processes)  # fmt: skip
+    if origin:
+        check_same_model(RunFolder(origin["run"]).config(), config, args.init_from)
+        resumed = run.segments()[0]["settings"] if tf.io.gfile.exists(run.settings_path) else {}
+        settings["init_from"] = resumed.get("init_from", origin)  # a resume keeps the origin of its start
     changes = run.check_resume(config, settings)
 
     schedule = TransformerSchedule(config.d_model, args.warmup_steps, args.learning_rate_scale)
     backend.build(config, lambda: paper_optimizer(schedule))
+    if origin:  # a resume restores its own checkpoint below instead
+        load_weights(backend.model, origin["checkpoint"])
     backend.compile(args.label_smoothing, jit_compile=not args.no_xla, accumulate_steps=args.accumulate_steps)
     # The first epoch tokenizes the split into shards while training reads them; each process
     # its own share. Several processes agree on each batch's bucket through a schedule.
@@ -196,6 +241,10 @@ def train(args, strategy=None):
     step = backend.step
     if latest:
         say(f"Resumed from {latest} at step {step}.")
+    elif origin:  # step 0: the source's weights and a fresh optimizer, the run's first checkpoint
+        saved = backend.save(0, 0.0)
+        say(f"Started from {origin['checkpoint']} (step {origin['step']} of {origin['run']}) with a fresh optimizer: "
+            f"checkpoint {saved}.")  # fmt: skip
     for name, old, new in changes:
         say(f"Resumed with {name} {new!r} (it was {old!r}): the run follows it from step {step} on.")
     if backend.is_chief:
