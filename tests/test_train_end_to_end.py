@@ -380,3 +380,53 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
     (tmp_path / "mine" / "tokenizer.model").write_bytes(synthetic_sentencepiece)
     with pytest.raises(ValueError, match="tokenizer.model is not the tokenizer of"):
         train(parse_args(["--run-dir", str(tmp_path / "mine"), *flags, "--init-from", f"{artifacts.tf_run}:140"]))
+
+
+@pytest.mark.slow
+def test_early_stopping_keeps_the_best_across_a_resume_and_the_rotation_and_exports_it(tmp_path, capsys, monkeypatch):
+    import tensorflow as tf
+
+    from export.saved_model import export
+    from keras_transformer.search import DecodingSettings
+    from training import evaluate
+    from training import train as training
+    from training.train import parse_args, train
+
+    scripted = {2: 9.0, 4: 12.0, 6: 11.0, 8: 11.5, 10: 11.8}  # dev BLEU by step: fake evaluations
+    monkeypatch.setattr(training, "_evaluate_dev", lambda *args, **kwargs: scripted[args[6]])
+    run_dir = tmp_path / "run"
+    flags = ["--run-dir", str(run_dir), *MECHANICS, "--steps", "40", "--checkpoint-every", "4", "--steps-per-call", "2",
+             "--eval-every", "2", "--keep-best", "--no-evaluate"]  # fmt: skip
+    # Patience 1: the evaluation at step 6 ends it, with a checkpoint there; the best is step 4's.
+    train(parse_args([*flags, "--early-stop", "1"]))
+    run = RunFolder(str(run_dir))
+    best = str(run_dir / "best" / "ckpt-4.weights.h5")
+    assert (f"Stopped early at step 6: 1 dev evaluations without an improvement of at least 0.0. The best: dev BLEU 12.0 "
+            f"at step 4, kept in {best}.") in capsys.readouterr().out  # fmt: skip
+    assert [step for step, _ in run.checkpoints()] == [4, 6] and run.checkpoint("best") == best
+    assert run.best() == {"step": 4, "bleu": 12.0, "since": 1, "file": "ckpt-4.weights.h5"}
+    kept, _ = run.load_model("best")
+    at_4, _ = run.load_model("4")
+    for ours, theirs in zip(kept.weights, at_4.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+
+    # Resumed with patience 3 and one checkpoint kept: it counts on from 1, stops at step 10, and
+    # the rotation leaves the best alone.
+    train(parse_args([*flags, "--early-stop", "3", "--keep-checkpoints", "1"]))
+    assert "Stopped early at step 10: 3 dev evaluations" in capsys.readouterr().out
+    assert [step for step, _ in run.checkpoints()] == [10] and run.best()["since"] == 3
+    assert sorted(os.listdir(run_dir / "best")) == ["best.json", "ckpt-4.weights.h5"]
+    for ours, theirs in zip(run.load_model("best")[0].weights, at_4.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+
+    # The best exported translates as training.evaluate --checkpoint best does.
+    exported = export(str(run_dir), str(tmp_path / "exports"), DecodingSettings(beam_size=1), checkpoint="best")
+    evaluate.main(["--run-dir", str(run_dir), "--split", "dev", "--checkpoint", "best", "--limit", "8", "--beam-size", "1",
+                   "--no-xla"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{") :])["checkpoint"] == best
+    sources = [source for source, _ in run.load_corpus().text_pairs("dev", 8)]
+    loaded = tf.saved_model.load(exported)  # kept: its functions need it alive
+    served = loaded.translate(tf.constant(sources))["translation"].numpy()
+    assert [t.decode() for t in served] == (run_dir / "translations.dev.txt").read_text(encoding="utf-8").splitlines()
+    assert training.initial_checkpoint(f"{run_dir}:best", RunFolder(str(tmp_path / "new")), True)["checkpoint"] == best

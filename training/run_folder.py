@@ -17,6 +17,9 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
                              checkpoints of TensorFlow's worker w > 0
     DIR/averaged/            ckpt-STEP.weights.h5, the average of the last checkpoints, and
                              averaged.json, the steps it averages (training.average_checkpoints)
+    DIR/best/                best.json, the best dev BLEU during training, its step and the
+                             evaluations since (training/selection.py), and with --keep-best
+                             its weights, ckpt-STEP.weights.h5
     DIR/logs/                TensorBoard: train/ and dev/
     DIR/metrics.json         what each command measured, each update kept beside the earlier
                              ones: test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
@@ -85,6 +88,8 @@ class RunFolder:
         self.log_dir = os.path.join(path, "logs")
         self.metrics_path = os.path.join(path, "metrics.json")
         self.averaged_record_path = os.path.join(self.averaged_dir, "averaged.json")
+        self.best_dir = os.path.join(path, "best")
+        self.best_record_path = os.path.join(self.best_dir, "best.json")
         self.learning_curve_path = os.path.join(path, "learning_curve.png")
 
     def translations_path(self, split):
@@ -218,9 +223,34 @@ class RunFolder:
                   file=sys.stderr)  # fmt: skip
         return trained[-1][1] if trained else None
 
+    def best(self):
+        """best/best.json: {"step", "bleu", "since"} and, with --keep-best, "file"; {} before any."""
+        return self._read_json(self.best_record_path) if tf.io.gfile.exists(self.best_record_path) else {}
+
+    def record_best(self, record, model=None):
+        """Writes best/best.json with `record`; with `model`, its weights first, as the best
+        checkpoint of `record`'s step (the one they replace removed)."""
+        old = self.best().get("file")
+        if model is not None:
+            record = {**record, "file": checkpoint_name(record["step"]) + ".weights.h5"}
+            tf.io.gfile.makedirs(self.best_dir)
+            with written_locally(os.path.join(self.best_dir, record["file"])) as local:
+                model.save_weights(local)
+        elif old:
+            record = {**record, "file": old}
+        self.write_json(self.best_record_path, record)
+        if old and old != record.get("file"):
+            tf.io.gfile.remove(os.path.join(self.best_dir, old))
+
     def checkpoint(self, name):
         """The path of checkpoint `name`: "latest" (the last training checkpoint), a step's
-        number, "averaged", or a path (as is); ValueError saying what the run holds otherwise."""
+        number, "averaged", "best" (--keep-best), or a path (as is); ValueError saying what the
+        run holds otherwise."""
+        if name == "best":
+            if not self.best().get("file"):
+                raise ValueError(f"{self.path} has no best checkpoint: train with --keep-best and dev evaluations "
+                                 "(--eval-every or --eval-every-minutes).")  # fmt: skip
+            return os.path.join(self.best_dir, self.best()["file"])
         if name not in ("latest", "averaged") and not str(name).isdigit():
             return name
         if name == "averaged":

@@ -34,6 +34,7 @@ from keras_transformer.search.flags import add_decoding_flags, decoding_settings
 from training import backends, data, evaluate, files, shards, supervisor  # noqa: E402
 from training.run_folder import RunFolder, load_weights, step_of  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
+from training.selection import Selection  # noqa: E402
 from training.tokenized import TokenizedShards  # noqa: E402
 from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
@@ -83,6 +84,12 @@ def parse_args(argv=None):
     add("--eval-every-minutes", type=float, default=0, help="training minutes between dev BLEU evaluations "
         "(0: none), for a learning curve against time (training.learning_curve)")
     add("--eval-sentences", type=int, default=500, help="dev sentences for BLEU during training")
+    add("--keep-best", action="store_true", help="keep the weights of the best dev BLEU (the evaluations of --eval-every, "
+        "--eval-every-minutes and the end) in DIR/best/, outside the rotation: --checkpoint best")
+    add("--early-stop", type=int, metavar="PATIENCE", help="end training after PATIENCE dev evaluations in a row "
+        "without an improvement of --min-delta")
+    add("--min-delta", type=float, default=0.0, help="the dev BLEU an evaluation must gain on the best to improve on it "
+        "(0: any gain)")
     add_decoding_flags(parser)
     add("--backend", choices=backends.BACKENDS, help="Keras' backend (default: KERAS_BACKEND, else tensorflow)")
     add("--strategy", default="auto", help="auto, tpu, mirrored, multiworker or cpu (JAX: auto, tpu or cpu)")
@@ -96,7 +103,7 @@ def parse_args(argv=None):
     add("--no-xla", action="store_true", help="run the step without XLA (for comparison)")
     add("--no-evaluate", action="store_true", help="skip the test evaluation at the end")
     add("--init-from", metavar="RUN[:CHECKPOINT]", help="fine-tune: start a new run from another run's checkpoint "
-        "(latest, a step or averaged; default latest), with its tokenizer and model (the same --config and model flags), "
+        "(latest, a step, averaged or best; default latest), with its tokenizer and model (the same --config and model flags), "
         "a fresh optimizer and these flags' schedule and data")
     add("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -111,6 +118,10 @@ def parse_args(argv=None):
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.early_stop is not None and not (args.eval_every or args.eval_every_minutes):
+        parser.error("--early-stop counts dev evaluations: give --eval-every or --eval-every-minutes")
+    if args.early_stop is not None and args.early_stop <= 0 or args.min_delta < 0:
+        parser.error(f"--early-stop must be positive and --min-delta >= 0, got {args.early_stop} and {args.min_delta}")
     if args.checkpoint_every_minutes < 0:
         parser.error(f"--checkpoint-every-minutes must be 0 (none) or positive, got {args.checkpoint_every_minutes}")
     if args.processes != "auto" and not (args.processes.isdigit() and int(args.processes) > 0):
@@ -151,7 +162,7 @@ def initial_checkpoint(spec, run, is_chief):
     copied into `run` by the chief. A run folder whose tokenizer differs from the source's is
     refused (ValueError)."""
     path, _, name = spec.rpartition(":")
-    if not path or not (name.isdigit() or name in ("latest", "averaged")):  # a path with a colon (gs://...)
+    if not path or not (name.isdigit() or name in ("latest", "averaged", "best")):  # a path with a colon (gs://...)
         path, name = spec, "latest"
     source = RunFolder(path)
     checkpoint = source.checkpoint(name)
@@ -261,7 +272,13 @@ def train(args, strategy=None):
     out_of_time = lambda: args.max_minutes is not None and train_seconds >= 60 * args.max_minutes  # noqa: E731
     periods_evaluated = _periods(train_seconds, args.eval_every_minutes)
     periods_saved = _periods(train_seconds, args.checkpoint_every_minutes)
-    while step < args.steps and not out_of_time():
+    selection = None
+    if args.keep_best or args.early_stop:  # a resume goes on from the record
+        record = run.best()
+        selection = Selection(args.early_stop, args.min_delta, record.get("bleu"), record.get("step"), record.get("since", 0))
+    stopped = lambda: selection is not None and selection.stop  # noqa: E731
+    evaluated = None  # the step of the last dev evaluation
+    while step < args.steps and not out_of_time() and not stopped():
         boundary = min(args.steps, (step // args.checkpoint_every + 1) * args.checkpoint_every)
         num_steps = min(args.steps_per_call, boundary - step)
         start = clock()
@@ -278,16 +295,24 @@ def train(args, strategy=None):
             tf.summary.scalar("dropped_pairs", dropped)
             tf.summary.scalar("training_minutes", train_seconds / 60)  # the x axis of learning curves
         clock_periods = _periods(train_seconds, args.checkpoint_every_minutes)
-        if step == boundary or out_of_time() or clock_periods > periods_saved:
+        saved = step == boundary or out_of_time() or clock_periods > periods_saved
+        if saved:
             periods_saved = clock_periods
-            saved = backend.save(step, train_seconds)
-            say(f"\nSaved checkpoint {saved} at step {step}.")
+            say(f"\nSaved checkpoint {backend.save(step, train_seconds)} at step {step}.")
         periods = _periods(train_seconds, args.eval_every_minutes)
         if step < args.steps and (args.eval_every and step % args.eval_every == 0 or periods > periods_evaluated):
-            periods_evaluated = periods
+            periods_evaluated, evaluated = periods, step
             backend.sync_model()
-            _evaluate_dev(backend.model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
-    if step < args.steps:
+            bleu = _evaluate_dev(backend.model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
+            if selection is not None:
+                _select(selection, run, backend, step, bleu, args.keep_best)
+                if stopped() and not saved:  # the run ends here: its last checkpoint too
+                    say(f"\nSaved checkpoint {backend.save(step, train_seconds)} at step {step}.")
+    if stopped():
+        kept = f", kept in {run.checkpoint('best')}" if args.keep_best else ""
+        say(f"Stopped early at step {step}: {selection.since} dev evaluations without an improvement of at least "
+            f"{args.min_delta}. The best: dev BLEU {selection.bleu} at step {selection.step}{kept}.")  # fmt: skip
+    elif step < args.steps:
         say(f"Stopped at step {step} of {args.steps}: --max-minutes {args.max_minutes} reached.")
     if dropped:
         say(f"{dropped} training pairs longer than --max-length {config.max_length} were dropped.")
@@ -300,6 +325,8 @@ def train(args, strategy=None):
     if not args.no_evaluate:
         if corpus.text_pairs("dev", 1):
             metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
+            if selection is not None and step != evaluated and not stopped():  # the last model may be the best
+                _select(selection, run, backend, step, metrics["dev_bleu"], args.keep_best)
         output_path = run.translations_path("test") if backend.is_chief else None
         metrics.update(evaluate.evaluate(model, tokenizer, corpus, "test", decoding, output_path=output_path))
         metrics["checkpoint"] = run.checkpoints()[-1][1]
@@ -309,6 +336,15 @@ def train(args, strategy=None):
         return model, None
     run.update_metrics(metrics)
     return model, metrics
+
+
+def _select(selection, run, backend, step, bleu, keep_best):
+    """Model selection after a dev evaluation (process 0's BLEU, so that all stop alike): the
+    record written and, with `keep_best`, a new best's weights."""
+    if selection.update(step, backend.agree(bleu)) and keep_best and backend.is_chief:
+        run.record_best(selection.record(), backend.model)
+    elif backend.is_chief:
+        run.record_best(selection.record())
 
 
 def _periods(seconds, minutes):
