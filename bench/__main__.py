@@ -22,9 +22,9 @@ quiet_tensorflow()
 
 from bench import common  # noqa: E402
 
-BENCHMARKS = ("compare_exports", "corpus_scale", "decode", "decode_profile", "multi30k", "multihost", "options", "pipeline",
-              "real_serving", "serving", "train_throughput", "wmt14_recipe")  # fmt: skip
-RUN_FOLDER = {"multi30k", "wmt14_recipe"}  # those with --run-dir
+BENCHMARKS = ("compare_exports", "corpus_scale", "decode", "decode_profile", "finetune", "multi30k", "multihost", "options",
+              "pipeline", "real_serving", "serving", "train_throughput", "wmt14_recipe")  # fmt: skip
+RUN_FOLDER = {"finetune", "multi30k", "wmt14_recipe"}  # those with --run-dir
 
 
 def main(argv=None):

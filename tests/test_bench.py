@@ -14,6 +14,7 @@ from bench import multi30k
 from bench.compare_exports import SMOKE_SENTENCES
 from conftest import loaded_export
 from training import learning_curve
+from training.run_folder import RunFolder
 
 REQUIRED = {
     "bench.compare_exports": {"benchmark", "batch"},  # and each round's figures, or a summary
@@ -28,6 +29,7 @@ REQUIRED = {
     "bench.serving": {"beam_size", "batch", "cold_start_s", "warmup_s", "first_request_ms", "p50_ms", "p95_ms", "peak_rss_mb"},
     "bench.wmt14_recipe": {"updates", "accumulate_steps", "seconds_per_update", "checkpoints", "averaged", "bleu", "signature",
                            "bleu_paper", "bleu_paper_signature", "peak_rss_mb"},
+    "bench.finetune": {"row", "news_test_bleu", "signature", "news_test_sentences", "train_minutes", "run"},
     "bench.multi30k": {"bleu", "signature", "chrf", "bleu_lowercase", "bleu_lowercase_signature", "dev_bleu", "dev_chrf",
                        "dev_bleu_lowercase", "dev_bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
 }
@@ -123,6 +125,13 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
         assert (metrics["dev_bleu"], metrics["beam_size"], metrics["alpha"]) == (best["bleu"], best["beam_size"], best["alpha"])
         assert records[0]["dev_bleu_last_checkpoint"] == tried[1]["bleu"]
         assert sorted(p.name for p in (runs / "multi30k").glob("translations.*")) == ["translations.dev.txt", "translations.test.txt"]
+    if module == "bench.finetune":  # the three rows; the general model, before and after, on its own test split too
+        rows = {record["row"]: record for record in records}
+        assert sorted(rows) == ["a_general_as_is", "b_finetuned", "c_from_scratch"]
+        assert "multi30k_test_bleu" in rows["b_finetuned"] and "multi30k_test_bleu" not in rows["c_from_scratch"]
+        tuned = RunFolder(rows["b_finetuned"]["run"])
+        assert tuned.segments()[0]["settings"]["init_from"]["run"] == artifacts.tf_run and tuned.best()["file"]
+        assert RunFolder(rows["c_from_scratch"]["run"]).segments()[0]["settings"]["init_from"] is None
     if module == "bench.wmt14_recipe":  # 8 updates of 8 batches, averaged, scored both ways
         (record,) = records
         assert (record["updates"], record["accumulate_steps"], record["checkpoints"]) == (8, 8, [8])
