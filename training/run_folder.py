@@ -247,10 +247,11 @@ class RunFolder:
         number, "averaged", "best" (--keep-best), or a path (as is); ValueError saying what the
         run holds otherwise."""
         if name == "best":
-            if not self.best().get("file"):
+            best = self.best().get("file")
+            if not best:
                 raise ValueError(f"{self.path} has no best checkpoint: train with --keep-best and dev evaluations "
                                  "(--eval-every or --eval-every-minutes).")  # fmt: skip
-            return os.path.join(self.best_dir, self.best()["file"])
+            return os.path.join(self.best_dir, best)
         if name not in ("latest", "averaged") and not str(name).isdigit():
             return name
         if name == "averaged":

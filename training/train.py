@@ -149,11 +149,16 @@ def get_tokenizer(run, text, vocab_size, is_chief):
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
         tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size))
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
-        tf.io.gfile.makedirs(run.path)
-        tokenizer.save(files.aside(run.tokenizer_path))
-        tf.io.gfile.rename(files.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
+        _write_tokenizer(run, tokenizer)
         return tokenizer
     return run.load_tokenizer()
+
+
+def _write_tokenizer(run, tokenizer):
+    """Writes the run's tokenizer aside and renames it into place: a crash leaves none or all of it."""
+    tf.io.gfile.makedirs(run.path)
+    tokenizer.save(files.aside(run.tokenizer_path))
+    tf.io.gfile.rename(files.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
 
 
 def initial_checkpoint(spec, run, is_chief):
@@ -171,9 +176,7 @@ def initial_checkpoint(spec, run, is_chief):
         if Tokenizer.load(run.tokenizer_path).model_proto != tokenizer.model_proto:
             raise ValueError(f"--init-from {spec}: {run.tokenizer_path} is not the tokenizer of {path}; use a new --run-dir.")
     elif is_chief:
-        tf.io.gfile.makedirs(run.path)
-        tokenizer.save(files.aside(run.tokenizer_path))
-        tf.io.gfile.rename(files.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
+        _write_tokenizer(run, tokenizer)
     metrics = source.metrics()
     of_checkpoint = {key: value for key, value in metrics.items() if "bleu" in key or "chrf" in key} \
         if metrics.get("checkpoint") == checkpoint else {}  # fmt: skip
