@@ -165,12 +165,14 @@ def run_under(backend, *args, devices=1):
     return result.stdout
 
 
-# For the TensorFlow and the JAX check of checkpoints by time (backend_worker.py's clocked): calls
-# of 2 steps, each a minute long on a fake clock: the step rule saves at 8 and at the end
-# (12), the clock's rule after 3 and 5 calls (2.5 and 5 minutes passed).
-CLOCKED = ["60", *MECHANICS, "--steps", "12", "--steps-per-call", "2", "--checkpoint-every", "8",
-           "--checkpoint-every-minutes", "2.5", "--keep-checkpoints", "10", "--no-evaluate"]  # fmt: skip
+# For the TensorFlow and the JAX check of training time (backend_worker.py's clocked): calls of
+# 2 steps, each a minute long on a fake clock: the step rule saves at 8, the clock's rule after 3
+# and 5 calls (2.5 and 5 minutes passed), and --max-minutes stops the 40 steps after 6 calls (12)
+# with a checkpoint.
+CLOCKED = ["60", *MECHANICS, "--steps-per-call", "2", "--checkpoint-every", "8", "--checkpoint-every-minutes", "2.5",
+           "--max-minutes", "6", "--keep-checkpoints", "10", "--no-evaluate"]  # fmt: skip
 CLOCKED_CHECKPOINTS = [6, 8, 10, 12]
+CLOCKED_STOP = "Stopped at step 12 of 40: --max-minutes 6.0 reached."
 
 
 ACCUMULATION_CONFIG = dict(vocab_size=60, num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0, max_length=16)

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from bench.smoke import MECHANICS
-from conftest import (ACCUMULATION_CONFIG, CLOCKED, CLOCKED_CHECKPOINTS, ROOT, WORKER, accumulation_batches,
+from conftest import (ACCUMULATION_CONFIG, CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT, WORKER, accumulation_batches,
                       assert_accumulation_is_exact, run_under)
 from keras_transformer import Transformer, TransformerConfig
 from training.run_folder import RunFolder
@@ -102,9 +102,8 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
     run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared JAX run
     (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and averaged;
     conftest's CLOCKED run on a fake clock; greedy and beam search of a run that `python -m
-    training.train --backend jax` trained on 8 pairs; and a run started from the shared one
-    (--init-from). Returns (its outputs by name, folder, the
-    8 pairs)."""
+    training.train --backend jax` trained on 8 pairs; and a run started from the suite's
+    TensorFlow run (--init-from). Returns (its outputs by name, folder, the 8 pairs)."""
     from training.average_checkpoints import average_checkpoints
     from training.tokenizer import Tokenizer
 
@@ -149,7 +148,7 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
         "clocked": ["clocked", str(folder / "clocked"), *CLOCKED],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
         "tuned": ["train", "--run-dir", str(folder / "tuned"), *MECHANICS, "--steps", "4", "--checkpoint-every", "2",
-                  "--steps-per-call", "2", "--warmup-steps", "10", "--no-evaluate", "--init-from", artifacts.jax_run],
+                  "--steps-per-call", "2", "--warmup-steps", "10", "--no-evaluate", "--init-from", artifacts.tf_run],
     }  # fmt: skip
     outputs = json.loads(run_under("jax", WORKER, "session", json.dumps(list(commands.values())), devices=2).splitlines()[-1])
     return dict(zip(commands, outputs)), folder, pairs
@@ -167,15 +166,15 @@ def _step(name, start, under_jax):
         return json.load(f), out + ".weights.h5"
 
 
-def test_a_jax_run_started_from_another_has_its_weights_and_a_fresh_optimizer_at_step_0(artifacts, under_jax):
+def test_a_jax_run_started_from_a_tensorflow_one_has_its_weights_and_a_fresh_optimizer_at_step_0(artifacts, under_jax):
     outputs, folder, _ = under_jax
-    source, run = RunFolder(artifacts.jax_run), RunFolder(str(folder / "tuned"))
-    assert f"Started from {source.checkpoint('latest')} (step 40 of {artifacts.jax_run})" in outputs["tuned"]
+    source, run = RunFolder(artifacts.tf_run), RunFolder(str(folder / "tuned"))
+    assert f"Started from {source.checkpoint('latest')} (step 160 of {artifacts.tf_run})" in outputs["tuned"]
     assert [step for step, _ in run.checkpoints()] == [0, 2, 4]
     assert run.segments()[0]["settings"]["init_from"]["checkpoint"] == source.checkpoint("latest")
-    step_0, theirs = (_weights(os.path.join(path, "model.weights.h5"), run.config())
-                      for path in (run.checkpoint("0"), source.checkpoint("latest")))  # fmt: skip
-    for (name, ours), (_, value) in zip(step_0, theirs):
+    # The source is a tf.train.Checkpoint, which a TensorFlow process converted for JAX.
+    step_0 = _weights(os.path.join(run.checkpoint("0"), "model.weights.h5"), run.config())
+    for (name, ours), value in zip(step_0, source.load_model("latest")[0].get_weights()):
         np.testing.assert_array_equal(ours, value, err_msg=name)
     with np.load(os.path.join(run.checkpoint("0"), "training_state.npz")) as saved:
         optimizer = [saved[key] for key in saved.files if key.startswith("optimizer/")]
@@ -318,5 +317,6 @@ def test_jax_schedule_counts_updates_not_batches(accumulation, under_jax):
     np.testing.assert_allclose(accumulated, union, rtol=0, atol=5e-6)
 
 
-def test_jax_checkpoints_by_training_time_besides_the_step_rule(under_jax):
+def test_jax_checkpoints_by_training_time_besides_the_step_rule_and_max_minutes_stops_with_one(under_jax):
+    assert CLOCKED_STOP in under_jax[0]["clocked"]
     assert json.loads(under_jax[0]["clocked"].strip().splitlines()[-1]) == CLOCKED_CHECKPOINTS

@@ -1,7 +1,8 @@
 """Training across hosts under JAX, as several processes on 127.0.0.1 (JAX's multi-controller
 runtime, CPU collectives over gloo): two processes of two host devices each train as one process
 of four devices does on the same global batches, resume where a killed run stopped, and end with
-one clear message when a peer dies (training/supervisor.py)."""
+one clear message when a peer dies (training/supervisor.py). The runs start from the suite's JAX
+run (`--init-from`), so that a start from another run is checked across processes too."""
 
 import contextlib
 import json
@@ -96,16 +97,27 @@ def corpus(three_shard_corpus):
 
 
 @pytest.fixture(scope="module")
-def two_processes(corpus, tmp_path_factory):
-    """A run of 12 updates of 2 batches by two processes, never interrupted."""
+def accumulated(artifacts):
+    """ACCUMULATED, started from the suite's JAX run (of the same model)."""
+    return [*ACCUMULATED, "--init-from", artifacts.jax_run]
+
+
+@pytest.fixture(scope="module")
+def two_processes(corpus, accumulated, tmp_path_factory):
+    """A run of 12 updates of 2 batches by two processes from the suite's JAX run, never interrupted."""
     run_dir = tmp_path_factory.mktemp("two") / "run"
-    outputs = _run(run_dir, corpus, *ACCUMULATED)
+    outputs = _run(run_dir, corpus, *accumulated)
     return run_dir, outputs
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpus, tmp_path):
+def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpus, accumulated, artifacts, tmp_path):
     run_dir, outputs = two_processes
+    # Step 0 holds the source's weights, as each process loaded them.
+    source = RunFolder(artifacts.jax_run).checkpoint("latest")
+    assert f"Started from {source}" in outputs[0] and "Started from" not in outputs[1]
+    for (name, ours), (_, theirs) in zip(_weights(run_dir, 0), _weights(artifacts.jax_run, 40)):
+        np.testing.assert_array_equal(ours, theirs, err_msg=name)
     # One process speaks: the bar and the checkpoints are printed by process 0 alone.
     assert "Saved checkpoint" in outputs[0] and "Saved checkpoint" not in outputs[1]
     assert "12/12" in outputs[0] and "12/12" not in outputs[1]
@@ -121,7 +133,7 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
     (reference / "tokenizer.model").write_bytes((run_dir / "tokenizer.model").read_bytes())
     result = subprocess.run(
         ["timeout", str(LIMIT_SECONDS), sys.executable, WORKER, "two-shares", str(reference), "--dataset", str(corpus),
-         "--source-lang", "en", "--target-lang", "de", *FLAGS, *ACCUMULATED],
+         "--source-lang", "en", "--target-lang", "de", *FLAGS, *accumulated],
         cwd=ROOT, env=_environment(4), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -180,10 +192,11 @@ def _assert_one_clear_message(output, status, first_line, run_dir):
 
 
 @pytest.mark.slow
-def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exactly(two_processes, corpus, tmp_path):
+def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exactly(two_processes, corpus, accumulated,
+                                                                                   tmp_path):  # fmt: skip
     run_dir = tmp_path / "run"
     # Process 0 hosts JAX's coordination service: the other ends at once.
-    output, status = _kill_after_the_first_checkpoint(run_dir, corpus, 0, *ACCUMULATED, ends_within=300)
+    output, status = _kill_after_the_first_checkpoint(run_dir, corpus, 0, *accumulated, ends_within=300)
     # From JAX's coordination service or, if process 1 was inside a collective, from that collective.
     first = output.rstrip().splitlines()[-3]
     coordinator = ("Lost process 0 of 2, which runs JAX's coordination service (--coordinator-address): it stopped "
@@ -192,7 +205,7 @@ def test_a_killed_coordinator_ends_the_other_clearly_and_the_rerun_resumes_exact
     _assert_one_clear_message(output, status, first, run_dir)
     assert not (run_dir / "checkpoints" / "ckpt-12").exists()
 
-    outputs = _run(run_dir, corpus, *ACCUMULATED)
+    outputs = _run(run_dir, corpus, *accumulated)
     assert "Resumed from" in outputs[0]
     for (name, resumed), (_, straight) in zip(_weights(run_dir, 12), _weights(two_processes[0], 12)):
         np.testing.assert_allclose(resumed, straight, rtol=1e-4, atol=1e-5, err_msg=name)

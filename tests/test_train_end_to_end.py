@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bench.smoke import MECHANICS, TRAINING
-from conftest import CLOCKED, CLOCKED_CHECKPOINTS, ROOT
+from conftest import CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT
 from training.run_folder import RunFolder
 
 
@@ -66,21 +66,14 @@ def test_training_killed_with_sigkill_resumes_where_it_stopped(artifacts, tmp_pa
     _assert_same_weights(_weights(resumed), _weights(straight, os.path.join(straight, "checkpoints", "ckpt-40")))
 
 
-def test_max_minutes_stops_early_with_a_checkpoint(tmp_path, capsys):
-    from training import train
-
-    train.main(["--run-dir", str(tmp_path), *MECHANICS, "--max-minutes", "0.0001", "--no-evaluate"])
-    # The first call (4 steps) takes longer than 6 ms: training stops there and saves it.
-    assert "Stopped at step 4 of 40: --max-minutes 0.0001 reached." in capsys.readouterr().out
-    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
-    assert (tmp_path / "checkpoints" / "ckpt-4.index").exists()
-
-
-def test_checkpoints_are_written_by_training_time_besides_the_step_rule(tmp_path, capsys):
+def test_checkpoints_are_written_by_training_time_besides_the_step_rule_and_max_minutes_stops_with_one(tmp_path, capsys):
     from backend_worker import clocked
 
     clocked(str(tmp_path), *CLOCKED)
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == CLOCKED_CHECKPOINTS
+    out = capsys.readouterr().out
+    assert CLOCKED_STOP in out
+    assert json.loads(out.strip().splitlines()[-1]) == CLOCKED_CHECKPOINTS
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 12
 
 
 # What a TensorFlow worker prints when its gRPC server cannot bind its port. TensorFlow's servers
@@ -140,15 +133,19 @@ def _shards_written(folder):
 
 @pytest.mark.slow
 def test_two_workers_each_read_a_share_and_train_and_resume_as_one_device_on_the_same_global_batches(
-    three_shard_corpus, tmp_path
+    artifacts, three_shard_corpus, tmp_path
 ):
     from backend_worker import batches_of_two_shares
     from training.train import parse_args, train
 
     data = ["--dataset", str(three_shard_corpus), "--source-lang", "en", "--target-lang", "de"]
-    flags = [*MECHANICS, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60"]
+    # Started from the suite's JAX run: a start from another run, of the other backend, across workers.
+    flags = [*MECHANICS, *data, "--checkpoint-every", "3", "--no-evaluate", "--max-minutes", "60", "--init-from", artifacts.jax_run]
     run, reference = tmp_path / "run", tmp_path / "reference"
-    _start_workers(run, [*flags, "--steps", "6"], tmp_path)
+    outputs = _start_workers(run, [*flags, "--steps", "6"], tmp_path)
+    assert f"Started from {RunFolder(artifacts.jax_run).checkpoint('latest')}" in outputs[0] and "Started" not in outputs[1]
+    for ours, theirs in zip(_weights(run, "0"), _weights(artifacts.jax_run)):
+        np.testing.assert_array_equal(ours, theirs)
     assert (run / "checkpoints" / "ckpt-6.index").exists() and (run / "checkpoints" / "worker-1" / "ckpt-6.index").exists()
     assert RunFolder(str(run)).settings()["processes"] == 2
     # Each worker wrote the shards of its own share: 0 and 2, and 1.
@@ -392,17 +389,22 @@ def test_early_stopping_keeps_the_best_across_a_resume_and_the_rotation_and_expo
     from training import train as training
     from training.train import parse_args, train
 
-    scripted = {2: 9.0, 4: 12.0, 6: 11.0, 8: 11.5, 10: 11.8}  # dev BLEU by step: fake evaluations
-    monkeypatch.setattr(training, "_evaluate_dev", lambda *args, **kwargs: scripted[args[6]])
+    scripted, evaluated = {2: 9.0, 4: 12.0, 6: 11.0, 8: 11.5, 10: 11.8}, []  # dev BLEU by step: fake evaluations
+    monkeypatch.setattr(training, "_evaluate_dev", lambda *args, **kwargs: evaluated.append(args[6]) or scripted[args[6]])
+    test_split = {"bleu": 1.0, "chrf": 2.0, "sentences": 3, "signature": "fake"}  # and a fake test evaluation at the end
+    monkeypatch.setattr(training.evaluate, "evaluate", lambda *args, **kwargs: test_split)
     run_dir = tmp_path / "run"
     flags = ["--run-dir", str(run_dir), *MECHANICS, "--steps", "40", "--checkpoint-every", "4", "--steps-per-call", "2",
-             "--eval-every", "2", "--keep-best", "--no-evaluate"]  # fmt: skip
-    # Patience 1: the evaluation at step 6 ends it, with a checkpoint there; the best is step 4's.
+             "--eval-every", "2", "--keep-best"]  # fmt: skip
+    # Patience 1: the evaluation at step 6 ends it, with a checkpoint there; the best is step 4's. The
+    # end's dev BLEU is step 6's, not evaluated again.
     train(parse_args([*flags, "--early-stop", "1"]))
     run = RunFolder(str(run_dir))
     best = str(run_dir / "best" / "ckpt-4.weights.h5")
     assert (f"Stopped early at step 6: 1 dev evaluations without an improvement of at least 0.0. The best: dev BLEU 12.0 "
             f"at step 4, kept in {best}.") in capsys.readouterr().out  # fmt: skip
+    assert evaluated == [2, 4, 6] and run.metrics()["dev_bleu"] == 11.0 and run.metrics()["bleu"] == 1.0
+    flags.append("--no-evaluate")
     assert [step for step, _ in run.checkpoints()] == [4, 6] and run.checkpoint("best") == best
     assert run.best() == {"step": 4, "bleu": 12.0, "since": 1, "file": "ckpt-4.weights.h5"}
     kept, _ = run.load_model("best")
@@ -420,6 +422,7 @@ def test_early_stopping_keeps_the_best_across_a_resume_and_the_rotation_and_expo
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
 
     # The best exported translates as training.evaluate --checkpoint best does.
+    monkeypatch.undo()  # real evaluations from here on
     exported = export(str(run_dir), str(tmp_path / "exports"), DecodingSettings(beam_size=1), checkpoint="best")
     evaluate.main(["--run-dir", str(run_dir), "--split", "dev", "--checkpoint", "best", "--limit", "8", "--beam-size", "1",
                    "--no-xla"])  # fmt: skip

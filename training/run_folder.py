@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -304,9 +305,9 @@ def step_of(path):
 
 def load_weights(model, checkpoint):
     """Loads a checkpoint of either backend into `model`: a JAX checkpoint folder or a
-    `.weights.h5` file (Keras' format, any backend), or a tf.train.Checkpoint prefix (TensorFlow
-    only; a training checkpoint also holds the optimizer and data, but every model weight must
-    match)."""
+    `.weights.h5` file (Keras' format, any backend), or a tf.train.Checkpoint prefix (a training
+    checkpoint also holds the optimizer and data, but every model weight must match; under
+    another Keras backend a TensorFlow process converts it to a .weights.h5 file first)."""
     if tf.io.gfile.exists(os.path.join(checkpoint, "model.weights.h5")):  # a JAX checkpoint folder
         checkpoint = os.path.join(checkpoint, "model.weights.h5")
     if checkpoint.endswith(".weights.h5"):
@@ -315,14 +316,29 @@ def load_weights(model, checkpoint):
         with local_copy(checkpoint) as path:
             model.load_weights(path)
         return
-    if keras.config.backend() != "tensorflow":
-        raise ValueError(
-            f"{checkpoint} is a tf.train.Checkpoint of a run trained under TensorFlow: load it with "
-            "KERAS_BACKEND=tensorflow (or average it into a .weights.h5 file there)."
-        )
     if not tf.io.gfile.exists(checkpoint + ".index"):
         raise ValueError(f"{checkpoint} is not a checkpoint (no {checkpoint}.index).")
+    if keras.config.backend() != "tensorflow":
+        with tempfile.TemporaryDirectory() as scratch:
+            converted = os.path.join(scratch, "model.weights.h5")
+            _convert_in_tensorflow(model.config, checkpoint, converted)
+            model.load_weights(converted)
+        return
     tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
+
+
+def _convert_in_tensorflow(config, checkpoint, out):
+    """Writes the model weights of the tf.train.Checkpoint `checkpoint` to `out` (.weights.h5)
+    from a process whose Keras runs on TensorFlow."""
+    code = ("import sys; from keras_transformer import Transformer, TransformerConfig; from training.run_folder import "
+            "load_weights; model = Transformer(TransformerConfig.from_json(sys.argv[1])); load_weights(model, sys.argv[2]); "
+            "model.save_weights(sys.argv[3])")  # fmt: skip
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+    done = subprocess.run([sys.executable, "-c", code, config.to_json(), checkpoint, out], capture_output=True, text=True,
+                          env={**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": path})  # fmt: skip
+    if done.returncode:
+        raise ValueError(f"{checkpoint}: converting it in a TensorFlow process failed:\n{done.stderr[-3000:]}")
 
 
 def _is_local(path):

@@ -280,7 +280,7 @@ def train(args, strategy=None):
         record = run.best()
         selection = Selection(args.early_stop, args.min_delta, record.get("bleu"), record.get("step"), record.get("since", 0))
     stopped = lambda: selection is not None and selection.stop  # noqa: E731
-    evaluated = None  # the step of the last dev evaluation
+    evaluated = bleu = None  # the step of the last dev evaluation, and its BLEU
     while step < args.steps and not out_of_time() and not stopped():
         boundary = min(args.steps, (step // args.checkpoint_every + 1) * args.checkpoint_every)
         num_steps = min(args.steps_per_call, boundary - step)
@@ -326,9 +326,11 @@ def train(args, strategy=None):
     metrics = {"steps": step, "train_seconds": round(train_seconds, 1), "dropped_pairs": dropped, "backend": backend.name}
     # Every process evaluates, so that none ends (and leaves JAX's runtime) while another works on.
     if not args.no_evaluate:
-        if corpus.text_pairs("dev", 1):
+        if step == evaluated:  # the last step's model was evaluated on the dev split already
+            metrics["dev_bleu"] = bleu
+        elif corpus.text_pairs("dev", 1):
             metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
-            if selection is not None and step != evaluated and not stopped():  # the last model may be the best
+            if selection is not None and not stopped():  # the last model may be the best
                 _select(selection, run, backend, step, metrics["dev_bleu"], args.keep_best)
         output_path = run.translations_path("test") if backend.is_chief else None
         metrics.update(evaluate.evaluate(model, tokenizer, corpus, "test", decoding, output_path=output_path))
