@@ -79,7 +79,7 @@ def main(argv=None):
     parser.add_argument("--news", help="the folder of newstest2014.en / .de")
     parser.add_argument("--run-dir", help="where the runs go (default: runs/finetune; with --smoke: a temporary one)")
     parser.add_argument("--general", help="a trained Multi30k run to adapt, instead of training one")
-    parser.add_argument("--general-minutes", type=float, default=60)
+    parser.add_argument("--general-minutes", type=float, default=40)
     parser.add_argument("--adapt-minutes", type=float, default=10, help="for (b) and for (c) each")
     parser.add_argument("--evaluations", type=int, default=5, help="dev evaluations a run, evenly spaced in its minutes")
     parser.add_argument("--smoke", action="store_true")
