@@ -1,20 +1,14 @@
 """SavedModels of `python -m export` side by side in one process: the same requests to each in
-turn, round after round (the order reversed every other round), with each one's sentences per
-second, its ratio to the first export's in the same round, and the share of its translations
-equal to the first's (and each one's cased BLEU when FILE holds references).
+turn, round after round (the order reversed every other round), each one's sentences per second
+as a ratio to the first export's in the same round, and the share of its translations equal to
+the first's (and its cased BLEU when FILE holds references).
 
     python -m bench.compare_exports --sentences FILE BASE/1 OTHER/1 [--batch 32] [--rounds 10]
     python -m bench.compare_exports --smoke                # seconds: the smoke exports, beam 4 against greedy
 
-Alternating processes (bench.real_serving) move by up to 20% from one to the next on a shared
-2-core machine; in one process a round's drift hits every export alike, so the median of ten
-same-round ratios shows a change of a few percent. FILE holds source sentences, one a line, or a
-run's test pairs as JSON lines (`[source, reference]`, as bench.real_serving writes them); the
-first --limit are sent in requests of --batch, under the README's TF Serving threads, after an
-untimed pass of the same requests (which sets up the graph each export runs).
-
-One JSON line per round, then one per export after the first: the median, lowest and highest of
-its ratios.
+FILE holds sources, one a line, or test pairs as JSON lines (`[source, reference]`, as
+bench.real_serving writes them). One JSON line a round, then one an export: its ratios' median,
+lowest and highest.
 """
 
 import argparse

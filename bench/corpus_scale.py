@@ -5,11 +5,9 @@ Multi30k's training split (the paper's WMT14 EN-DE has 4.5M pairs, EN-FR 36M).
     python -m bench.corpus_scale --data ../shared/data/multi30k --pairs 4500000 18000000
     python -m bench.corpus_scale --smoke        # seconds: the synthetic corpus written to files
 
-Each size trains in a fresh process (its peak RSS is its own, from `wait4`) for one step with a
-new run folder, so it pays for everything a new run does: reading the files (the cut into shards
-and the tokenizer's sample), training the tokenizer, building and compiling the model, and
-tokenizing the first shards. The phases are timed from the lines the process prints.
-`--gzip` compresses the training files first (as WMT ships them).
+Each size trains one step in a fresh process and a new run folder (its peak RSS its own, from
+`wait4`): reading and cutting the files, the tokenizer, compiling, the first shards, each timed
+from the lines it prints. `--gzip` compresses the training files first, as WMT ships them.
 """
 
 import argparse

@@ -1,28 +1,15 @@
-"""Decoding speed: generated tokens per second for greedy and beam search, without XLA (the graph
-the exported SavedModel serves) and with it, next to CTranslate2 (a C++ inference engine) running
-the same weights, and to a decoder without a cache that recomputes the whole prefix every step.
+"""Decoding speed: generated tokens per second for greedy and beam search, in the served graph
+(`served`: the SavedModel's parallel searches and threads), with TensorFlow's default threads
+(`cached`) and with XLA, next to CTranslate2 on the same weights and to a decoder without a cache.
 
-Without XLA, two rows: `served` is the search as the SavedModel runs it under the README's TF
-Serving settings (`export.serving`: the batch split between parallel searches, one thread per
-op); `cached` is one search with TensorFlow's default threads.
-
-    python -m bench.decode            # the issue's shape: d_model 256, 3+3 layers, batch 32
+    python -m bench.decode            # d_model 256, 3+3 layers, batch 32
     python -m bench.decode --smoke    # seconds-long, tiny sizes (the test suite runs this)
     python -m bench.decode --precisions float32,bfloat16 --modes served   # reduced precision
 
-`--precisions` adds the served rows with the model in each other precision
-(`export.saved_model.in_precision`, as `python -m export --precision` exports it), and the last
-line their median ratio to the float32 served row of the same beam size and round.
-
-Random weights; EOS is never produced (`eos_id=-1`; CTranslate2: `min_decoding_length`) and every
-source has `--length` tokens with `max_length_b=0`, so every run generates exactly
-`--length` tokens per sentence and the runs compare. `gen_tokens_per_s` counts the output tokens
-of the sentences (batch x length), not the hypotheses inside the beam. Each measurement runs in
-its own process (its own peak memory). CTranslate2's speed drifts by up to 30% from one minute
-to the next on a shared machine, so the rows run in --rounds interleaved rounds (in reverse order
-every other round); the last line gives every row's median ratio to CTranslate2 with the same
-beam size over the rounds, and its lowest and highest. The CTranslate2 rows first check that its
-greedy search, on our weights, gives our tokens and log-probabilities.
+Random weights and no end of sentence, so that every run generates exactly --length tokens a
+sentence. Each measurement is a process of its own, in --rounds interleaved rounds; the last line
+gives each row's median ratio to CTranslate2 (and, with --precisions, to float32) over the rounds.
+Method and figures: bench/README.md, "Decoding speed".
 """
 
 import argparse

@@ -4,16 +4,10 @@ by op type, with their count and time, under TensorFlow's profiler.
     python -m bench.decode_profile --export-dir exports/demo/1 --sentences FILE [--batch 32]
     python -m bench.decode_profile --smoke                 # seconds: the smoke export (bench/smoke.py)
 
-The signature `serving_default` translates the first --batch sentences of FILE (one a line; for
-a run's test split, `bench.real_serving` writes such pairs) under the README's TF Serving threads,
-once to warm up, then --calls times under `tf.profiler.experimental`. The trace's op events
-inside the search loops (`/while/body/` in their names) are grouped by op type; a step's figures
-are a call's divided by the evaluations of its loops' conditions (each runs one `All`, for
-`ops.all(done)`: a loop's steps and one more). The op times add up the threads' time, so they exceed the wall time when ops run
-side by side (the export's two searches).
-
-One JSON line: the wall time per call, the loops' steps, ops and op time per step, and the op
-types with their share of the op time (`--top`).
+`serving_default` translates the first --batch sentences of FILE --calls times under the README's
+TF Serving threads; the op events inside the search loops (`/while/body/`) are grouped by type
+and divided by the loops' steps (each step evaluates one `All`, `ops.all(done)`). Op times add up
+the threads', so they exceed the wall time when ops run side by side. One JSON line.
 """
 
 import argparse

@@ -4,17 +4,10 @@ machine within a time budget, scored on test2016.
     python -m bench.multi30k --data ../shared/data/multi30k --run-dir runs/multi30k
     python -m bench.multi30k --smoke    # seconds: a tiny model on a folder made from the synthetic corpus
 
-`--data` is a folder with train.en/.de, val.en/.de and test2016.en/.de (or test_2016_flickr.*,
-the Multi30k repository's name), one sentence a line, raw cased text. The recipe (RECIPE below)
-is `training.train` with the `multi30k` preset and --max-minutes, with dev BLEU on a val subset
-every few minutes for the learning curve; then the last 5 checkpoints are averaged. Val chooses
-what translates test2016: the averaged or the last checkpoint (beam 4, alpha 0.6), then beam
-size and alpha (DECODING_GRID). test2016 is translated once, with the choice; with --probe,
-not at all, and val only with the paper's beam 4 and alpha 0.6. Prints one JSON line: cased
-sacreBLEU on the raw text with its signature, chrF, and BLEU on lowercased text (13a
-tokenization, as papers report it), for val and test2016; steps, training and wall time; the
-learning curve's PNG (`training.learning_curve`).
-Rerunning with the same --run-dir resumes; the budget counts the training time of every run.
+`training.train` with the `multi30k` preset (RECIPE) and --max-minutes; the last 5 checkpoints
+averaged; val chooses the checkpoint, beam and alpha (DECODING_GRID); test2016 is translated once
+(with --probe, not at all). One JSON line: cased sacreBLEU, chrF and lowercased BLEU on val and
+test2016, steps, times, and the learning curve's PNG. The same --run-dir resumes.
 """
 
 import argparse

@@ -5,12 +5,10 @@ other round, each mode's sentences per second as a ratio to `serving_default`'s 
     python -m bench.options --sentences FILE EXPORT/1 [--batch 32] [--rounds 6] [--limit 320]
     python -m bench.options --smoke            # seconds: the smoke export
 
-Modes: `serving_default`; the `options` signature with no option set (the export's values), with
-each option of keras_transformer.search.OPTIONS set alone to its example value, and with all of
-them; `score` of `serving_default`'s own
-translations (one forward pass, against the search that made them). FILE as bench.compare_exports
-reads it. One JSON line per round, then one per mode: the median, lowest and highest of its
-ratios, and the share of its translations equal to `serving_default`'s.
+Modes: `serving_default`; `options` with nothing set, with each option of OPTIONS alone at its
+example value, and with all; `score` of `serving_default`'s translations. FILE as
+bench.compare_exports reads it. One JSON line a round, then one a mode: its ratios' median,
+lowest and highest, and the share of translations equal to `serving_default`'s.
 """
 
 import argparse

@@ -6,10 +6,8 @@ it reads them (`training.tokenized.TokenizedShards`), and later epochs, which re
     python -m bench.pipeline --data ../shared/data/multi30k   # Multi30k EN-DE, 25,000-token batches
     python -m bench.pipeline --smoke                          # seconds: the synthetic corpus
 
-The chip's appetite is an estimate, written down here: the base model's training FLOPs per
-target token (matmuls, backward = 2x forward; `bench.train_throughput.training_flops`, sources
-as long as targets) at 40% of the chip's 197 bf16 TFLOP/s. `cores_per_chip` is how many host
-cores at this speed keep one chip fed.
+The chip's appetite is an estimate: the base model's training FLOPs a target token at 40% of the
+chip's 197 bf16 TFLOP/s; `cores_per_chip` is how many host cores at this speed keep it fed.
 """
 
 import argparse

@@ -6,27 +6,11 @@ decode the same).
     python -m bench.real_serving --run-dir runs/multi30k        # a multi30k-preset model
     python -m bench.real_serving --smoke                        # seconds: the smoke export (bench/smoke.py)
 
-The run is exported as `python -m export` does (once per --beam-sizes: 4 is the paper's beam
-search with alpha 0.6, 1 greedy; a beam search once per --stopping rule: "exact", the default,
-and "first_k", CTranslate2's own rule, so that one row compares the same search; and once per
---exports kind: "default", no XLA, and "xla", `python -m export --xla`) and converted for
-CTranslate2 (`bench/ctranslate2_reference.py`, float32). Each measurement is a fresh process that
-translates every test sentence (or the first --limit) in file order, in batches of
---batch-sizes, and times that whole pass after a warm-up; at batch 1 it also gives the 50th and
-95th percentiles of a request's latency:
-
-- ours: the SavedModel's `serving_default` signature (SentencePiece in the graph), under the
-  README's TF Serving threads (`export.serving.use_serving_threads`), after TF Serving's warm-up
-  requests (for the XLA export, those compile every shape it compiles);
-- CTranslate2: SentencePiece in Python (the same model file), `translate_batch` with the same beam
-  size, its length penalty `length ** alpha` (ours is GNMT's `((5 + length) / 6) ** alpha`, so
-  their beams may rank a few hypotheses differently), `source length + 50` tokens at most, one
-  translator with `intra_threads` = the cores.
-
-The two alternate, round after round (--rounds), in the same order of searches and batch sizes;
-the ratio of a round is ours over CTranslate2's sentences per second in that round. One JSON line
-per measurement, and one per ratio. Without CTranslate2 (a bench-only dependency:
-`pip install -r bench/requirements.txt`) only ours is measured.
+The run is exported once per --beam-sizes, --stopping rule and --exports kind and converted for
+CTranslate2 (`bench/ctranslate2_reference.py`); each measurement is a fresh process, the two
+systems alternating round after round (--rounds); a round's ratio is ours over CTranslate2's
+sentences per second. How each side is run: bench/README.md, "Serving real text". Without
+CTranslate2 (`pip install -r bench/requirements.txt`) only ours is measured.
 """
 
 import argparse

@@ -4,16 +4,10 @@ and batch 32.
     python -m bench.serving --run-dir runs/multi30k   # exports the run, then measures it
     python -m bench.serving --smoke                   # seconds: the smoke export (bench/smoke.py)
 
-The run is exported with `python -m export`'s code for each --beam-sizes (4 is the paper's beam
-search, 1 greedy). Each export is measured in a fresh process, as a server starts it:
-`cold_start_s` is tf.saved_model.load (`load_s`), the warm-up requests TF Serving replays
-before it serves a version (`warmup_s`), and the first translation of one sentence
-(`first_request_ms`). Then each
-request translates the next sentences of the run's test split (sources only, in order), with
-the signature TF Serving calls (`serving_default`), so the figures are the model's time without
-the HTTP or gRPC layer. One JSON line per beam size and batch size. The measuring process runs
-TensorFlow with the README's TF Serving threads (`export.serving.use_serving_threads`), or with
-its defaults under `--tensorflow-threads`.
+Each --beam-sizes export is measured in a fresh process, as a server starts it: load, TF
+Serving's warm-up requests, the first request; then requests of the run's test sentences to
+`serving_default` (the model's time, without HTTP or gRPC), under the README's TF Serving threads
+(or TensorFlow's defaults: --tensorflow-threads). One JSON line per beam size and batch size.
 """
 
 import argparse

@@ -7,10 +7,8 @@ PyTorch is installed) and to the GFLOP/s of a large float32 matmul, all measured
     python -m bench.train_throughput --configs small --backends jax,torch
     python -m bench.train_throughput --smoke   # seconds-long, tiny sizes (the test suite runs this)
 
-Batch: 64 pairs of 32 source + 32 target tokens, random ids, dropout as configured. FLOPs per
-step are counted from the config (matmuls only, backward = 2x forward); `fraction_of_matmul`
-is the training step's GFLOP/s over the matmul's. Each row runs in its own process (its own
-Keras backend, its own peak memory).
+Batches of 64 pairs of 32 + 32 random tokens; `fraction_of_matmul` is the step's GFLOP/s (matmuls
+counted from the config, backward = 2x forward) over the matmul's. A process a row.
 """
 
 import argparse

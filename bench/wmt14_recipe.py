@@ -1,21 +1,14 @@
-"""The paper's WMT14 English -> German recipe end to end, as README.md's "The paper's recipe on
-WMT14" gives it: training with the paper's 25,000-token update (accumulated over batches on
-fewer than 8 devices) and a checkpoint every 10 minutes, the last 5 averaged (20 for big), and
-newstest2014 translated with beam 4 and alpha 0.6, scored as cased sacreBLEU and as the paper
-scored it (`bleu_paper`, training/paper_bleu.py).
+"""The paper's WMT14 English -> German recipe end to end, as README.md gives it: 25,000-token
+updates (accumulated on fewer than 8 devices), a checkpoint every 10 minutes, the last 5 averaged
+(20 for big), newstest2014 with beam 4 and alpha 0.6, cased sacreBLEU and the paper's `bleu_paper`.
 
     python -m bench.wmt14_recipe --data DIR --max-minutes 20                  # WMT-shaped text files
     python -m bench.wmt14_recipe --data ../shared/data/newstest2014 --max-minutes 20
     python -m bench.wmt14_recipe --smoke                                      # seconds: tiny, synthetic
 
-`--data` is a folder of train.en / train.de (and dev.*, test.*) files, or one holding only
-newstest2014.en / .de, which then stands in for every split: a corpus of WMT's kind, so that the
-commands are known to run where TFDS cannot download. On this machine's CPUs the budget buys a
-few updates, not a model. What the run changes for a CPU is printed with the commands: no XLA
-(each bucket's compilation would take the budget), one update a call (so
-that the clock's checkpoints fall inside the budget), the 10-minute interval scaled to a sixth
-of the budget, and `--limit` sentences translated. Prints one JSON line: seconds an update,
-the checkpoints written, the steps averaged, and both BLEUs with their signatures.
+`--data` holds train / dev / test .en and .de files, or only newstest2014.en / .de for every
+split. On a CPU the budget buys a few updates, not a model; what the run changes for a CPU is
+printed with the commands. One JSON line: seconds an update, checkpoints, steps averaged, BLEUs.
 """
 
 import argparse
