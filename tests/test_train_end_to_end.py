@@ -139,8 +139,10 @@ def test_two_workers_each_read_a_share_and_train_and_resume_as_one_device_on_the
     from training.train import parse_args, train
 
     data = ["--dataset", str(three_shard_corpus), "--source-lang", "en", "--target-lang", "de"]
-    # Started from the suite's JAX run: a start from another run, of the other backend, across workers.
-    flags = [*MECHANICS, *data, "--checkpoint-every", "3", "--no-evaluate", "--max-minutes", "60", "--init-from", artifacts.jax_run]
+    # Started from the suite's JAX run: a start from another run, of the other backend, across
+    # workers, with another --max-length (24 there), which sinusoidal positions allow.
+    flags = [*MECHANICS, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60",
+             "--init-from", artifacts.jax_run]  # fmt: skip
     run, reference = tmp_path / "run", tmp_path / "reference"
     outputs = _start_workers(run, [*flags, "--steps", "6"], tmp_path)
     assert f"Started from {RunFolder(artifacts.jax_run).checkpoint('latest')}" in outputs[0] and "Started" not in outputs[1]
@@ -332,9 +334,9 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
         artifacts, synthetic_sentencepiece, tmp_path, capsys):  # fmt: skip
     import tensorflow as tf
 
-    from keras_transformer import Transformer
+    from keras_transformer import Transformer, TransformerConfig
     from training.schedule import TransformerSchedule, paper_optimizer
-    from training.train import parse_args, train
+    from training.train import check_same_model, parse_args, train
 
     source = RunFolder(artifacts.tf_run)
     assert source.checkpoint("140").endswith("ckpt-140") and source.checkpoint("latest").endswith("ckpt-160")
@@ -370,7 +372,12 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
     tuned, _ = run.load_model("4")
     assert not np.allclose(tuned.weights[0].numpy(), start.weights[0].numpy())  # it trained on
 
-    # Another model, or a run folder with another tokenizer, is refused with what differs.
+    # Another model, or a run folder with another tokenizer, is refused with what differs; another
+    # max_length only where positions are learned weights.
+    check_same_model(TransformerConfig.tiny(100), TransformerConfig.tiny(100, max_length=32), "x")
+    learned = lambda length: TransformerConfig.tiny(100, positional_encoding="learned", max_length=length)  # noqa: E731
+    with pytest.raises(ValueError, match=r"differs from this one \(max_length: 24 there, 32 here\)"):
+        check_same_model(learned(24), learned(32), "x")
     with pytest.raises(ValueError, match=r"its model differs from this one \(d_model: 128 there, 32 here\)"):
         train(parse_args(["--run-dir", str(tmp_path / "other"), *flags, "--d-model", "32", "--init-from", artifacts.tf_run]))
     (tmp_path / "mine").mkdir()

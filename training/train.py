@@ -185,10 +185,12 @@ def initial_checkpoint(spec, run, is_chief):
 
 def check_same_model(source, config, spec):
     """Refuses (ValueError, naming each difference) a `config` whose weights differ in shape or
-    meaning from the `source` config's; dropout may differ."""
+    meaning from the `source` config's; dropout may differ, and so may max_length under sinusoidal
+    positions (no weight of theirs depends on it)."""
     old, new = source.to_dict(), config.to_dict()
+    free = {"max_length"} if config.positional_encoding == "sinusoidal" else set()
     differences = [f"{name}: {old.get(name)!r} there, {new.get(name)!r} here" for name in sorted(set(old) | set(new))
-                   if old.get(name) != new.get(name) and "dropout" not in name]  # fmt: skip
+                   if old.get(name) != new.get(name) and "dropout" not in name and name not in free]  # fmt: skip
     if differences:
         raise ValueError(f"--init-from {spec}: its model differs from this one ({'; '.join(differences)}). Give the "
                          "--config and model flags it was trained with.")  # fmt: skip
