@@ -32,7 +32,8 @@ NEWS_TRAIN, NEWS_DEV = 2000, 500  # the test split: the rest
 # No XLA, as bench/multi30k.py's recipe: on a CPU it does not speed the step up and compiles each bucket's shape.
 GENERAL = ["--config", "small", "--source-lang", "en", "--target-lang", "de", "--dev-split", "val", "--no-xla", "--no-evaluate"]
 # (b) and (c): the same schedule and model selection on news dev.
-ADAPTED = ["--source-lang", "en", "--target-lang", "de", "--keep-best", "--eval-sentences", str(NEWS_DEV), "--no-xla"]
+ADAPTED = ["--source-lang", "en", "--target-lang", "de", "--keep-best", "--eval-sentences", str(NEWS_DEV), "--no-xla",
+           "--no-evaluate"]  # scored below, on the best checkpoint: no test evaluation of the last
 SMOKE = [*smoke.MECHANICS, "--steps", "4", "--steps-per-call", "2", "--checkpoint-every", "2", "--eval-every", "2",
          "--no-evaluate"]  # fmt: skip
 
