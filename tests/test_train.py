@@ -42,7 +42,8 @@ def mirrored():
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
-@pytest.mark.parametrize("devices, jit_compile", [(1, True), (1, False), pytest.param(2, True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("devices, jit_compile", [(1, False), pytest.param(1, True, marks=pytest.mark.slow),
+                                                 pytest.param(2, True, marks=pytest.mark.slow)])  # XLA compiles 4 shapes
 def test_an_update_from_accumulated_batches_is_the_update_of_their_union(tmp_path, devices, jit_compile, request):
     from backend_worker import batches_in_turn
 
@@ -128,7 +129,7 @@ def test_mirrored_strategy_equals_one_device(synthetic_corpus, synthetic_tokeniz
 
 
 def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_tokenizer, tokenize):
-    trainer = _trainer(_small_config(synthetic_tokenizer))
+    trainer = _trainer(_small_config(synthetic_tokenizer), jit_compile=False)  # tracing is before XLA
     batches = data.training_batches(tokenize(synthetic_corpus, synthetic_tokenizer), batch_tokens=256, max_length=24)
     shapes = {tuple(batch["source"].shape) for batch in batches.take(12)}
     assert len(shapes) > 1, "the batches should come from several buckets"
@@ -209,7 +210,7 @@ def test_schedule_smoothing_and_model_flags_reach_the_optimizer_the_loss_and_the
              "--vocab-size", "200", "--no-evaluate", "--strategy", "cpu", "--warmup-steps", "7",
              "--learning-rate-scale", "3.5", "--label-smoothing", "0.25", "--num-layers", "1", "--d-model", "48",
              "--num-heads", "3", "--d-ff", "40", "--dropout", "0.2", "--attention-dropout", "0.05",
-             "--relu-dropout", "0.15"]  # fmt: skip
+             "--relu-dropout", "0.15", "--no-xla"]  # fmt: skip
     model, _ = train_module.train(parse_args(flags))
     shape = dict(num_layers=1, d_model=48, num_heads=3, d_ff=40, dropout=0.2, attention_dropout=0.05, relu_dropout=0.15)
     assert {name: getattr(model.config, name) for name in shape} == shape
