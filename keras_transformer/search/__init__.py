@@ -32,26 +32,10 @@ from keras_transformer.search.settings import (OPTION, OPTIONS, STOPPING_RULES, 
 def decode(model, source_ids, settings=None, execution=None, *, width=None, max_length=None, target_prefix=None, **options):
     """Translates `source_ids` with `settings`: greedy search for a width of 1, else beam search.
 
-    Args:
-        model: a `DecodingModel` (a `Transformer`).
-        source_ids: int32 `[batch, source_len]`, each source ending with the end-of-sentence
-            id, padded with 0.
-        settings: a `DecodingSettings` (default: the paper's decoding), whose fields `options`
-            replace (`decode(model, ids, no_repeat_ngram_size=3)`); each option one value, or
-            one per sentence.
-        execution: an `Execution` (default: `Execution.choose()`: for the backend's default
-            device, compiled under JAX only); pass `Execution.choose(compiled=True)` under
-            `tf.function(jit_compile=True)`.
-        width: the hypotheses beam search keeps per sentence, an int (default: the beam size,
-            or the largest of per-sentence ones given as NumPy values).
-        max_length: a hard cap on the output length (default: none, or the learned position
-            table's size).
-        target_prefix: int32 `[batch, prefix_len]`, padded with 0: tokens each output must
-            start with (keras_transformer/search/processors/prefix.py); None: none.
-
-    Returns:
-        A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`, or with
-        `settings.num_hypotheses` n, `[batch, n, max_length]` and `[batch, n]`.
+    The arguments and the result are `beam_search`'s; each option of `settings` (default: the
+    paper's decoding) is one value or one per sentence, and `options` replace its fields
+    (`decode(model, ids, no_repeat_ngram_size=3)`). Under `tf.function(jit_compile=True)` pass
+    `execution=Execution.choose(compiled=True)`.
     """
     settings = settings_with(settings, options)
     width = width or search_width(settings)

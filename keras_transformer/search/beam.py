@@ -56,7 +56,8 @@ def beam_search(model, source_ids, settings=None, *, width=None, max_length=None
             sentence's `beam_size` may be smaller.
         max_length: a hard cap on the output length (default: none, or the learned position
             table's size).
-        execution: an `Execution` (default: `Execution.choose()`).
+        execution: an `Execution` (default: `Execution.choose()`: for the backend's default
+            device, compiled under JAX only).
         target_prefix: int32 `[batch, prefix_len]`, padded with 0: tokens each output must
             start with (keras_transformer/search/processors/prefix.py); a prefix longer than its
             sentence's length limit is cut there. None: no prefix.

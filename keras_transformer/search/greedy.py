@@ -34,20 +34,8 @@ def greedy_search(model, source_ids, settings=None, *, max_length=None, executio
     """Translates `source_ids` `[batch, source_len]` by taking the most likely token each step
     (after the processors the options turn on, keras_transformer/search/processors/).
 
-    Args:
-        model: a `DecodingModel` (a `Transformer`).
-        source_ids: int32 `[batch, source_len]`, padded with 0.
-        settings: a `DecodingSettings` (its beam size unread), whose fields `options` replace.
-        max_length: a hard cap on the output length (default: none, or the learned position
-            table's size).
-        execution: an `Execution` (default: `Execution.choose()`).
-        target_prefix: int32 `[batch, prefix_len]`, padded with 0: tokens each output must
-            start with (keras_transformer/search/processors/prefix.py); a prefix longer than its
-            sentence's length limit is cut there. None: no prefix.
-        bos_id, eos_id: the begin- and end-of-sentence ids.
-
-    Returns:
-        A `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
+    The arguments are `beam_search`'s (the settings' beam size unread). Returns a
+    `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
     """
     execution = execution or Execution.choose()
 

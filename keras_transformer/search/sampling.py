@@ -65,7 +65,7 @@ def sample_search(model, source_ids, seed, settings=None, *, num_samples=1, temp
         num_samples: n, the outputs drawn for each sentence (independently).
         temperature, top_k, top_p: as `SamplingSettings`, each a number or `[batch]`, one per
             sentence (unchecked here: `SamplingSettings` checks numbers).
-        max_length, execution, target_prefix, bos_id, eos_id: as `greedy_search`'s.
+        max_length, execution, target_prefix, bos_id, eos_id: as `beam_search`'s.
 
     Returns:
         A `SearchResult`: tokens `[batch, n, max_length]` and scores `[batch, n]`, each the
