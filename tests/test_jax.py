@@ -21,7 +21,7 @@ from keras_transformer import Transformer, TransformerConfig
 from training.run_folder import RunFolder
 
 # Every test here reads what JAX processes computed: slow. (tests/test_search.py compares the
-# backends' decoding in the fast suite.)
+# backends' decoding.)
 # One worker runs them all: they share one JAX process (the under_jax module fixture).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("jax")]
 

@@ -48,6 +48,7 @@ def test_score_of_no_sentences_is_empty():  # a parallel slice of a served reque
     assert [tuple(value.shape) for value in result] == [(0,), (0,), (0, 2), (0,)]
 
 
+@pytest.mark.slow  # a trained model: the suite's artifacts
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_score_of_a_searchs_output_is_the_searchs_own_score(reversal_model, beam_size):
     model, _, sources = reversal_model

@@ -102,7 +102,7 @@ EXECUTIONS = [
     Execution("growing", shared_slots=False, drop_finished=True, top_k="sort"),
     Execution("growing", shared_slots=True, drop_finished=False, top_k="chunks_by_argmax"),
     Execution("static", shared_slots=True, drop_finished=False, top_k="chunks_by_argmax"),
-    Execution("static", shared_slots=False, drop_finished=False, top_k="sort"),
+    pytest.param(Execution("static", shared_slots=False, drop_finished=False, top_k="sort"), marks=pytest.mark.slow),  # GPUs, TPUs
 ]
 
 
@@ -145,7 +145,7 @@ def test_execution_refuses_what_cannot_run_and_chooses_the_measured_on_cpus():
         Execution("paged")
     assert Execution.choose(compiled=False, platform="cpu") == Execution("growing", True, True, "chunks")
     assert Execution.choose(compiled=True, platform="cpu") == Execution("static", True, False, "chunks_by_argmax")
-    assert {Execution.choose(compiled=c, platform="cpu") for c in (False, True)} <= set(EXECUTIONS)  # each checked above
+    assert {Execution.choose(compiled=c, platform="cpu") for c in (False, True)} <= set(EXECUTIONS[:4])  # checked above, fast
     for platform in ("gpu", "tpu"):  # nothing measured there: no argmax passes, no shared slots
         assert Execution.choose(compiled=True, platform=platform) == Execution("static", False, False, "sort")
 
@@ -332,6 +332,7 @@ def test_greedy_search_continues_a_target_prefix_by_the_most_likely_tokens(rng):
         np.testing.assert_allclose(result.scores[row], expected, rtol=1e-5)
 
 
+@pytest.mark.slow  # XLA
 @pytest.mark.parametrize("search", [greedy_search, functools.partial(beam_search, beam_size=3)], ids=["greedy", "beam"])
 def test_an_empty_target_prefix_changes_nothing_and_xla_forces_as_the_graph_does(search, rng):
     model = _model(40, seed=14)
@@ -509,6 +510,7 @@ def _reversal_is_learned(model, sources):
     assert _row_agreement(tokens, expected) >= 0.9
 
 
+@pytest.mark.slow  # a trained model: the suite's artifacts
 def test_decoding_under_mixed_bfloat16_gives_float32s_tokens_on_most_sentences(reversal_model):
     from keras_transformer.search import DecodingSettings, decode
 
@@ -573,6 +575,7 @@ def test_jax_decodes_as_tensorflow_does(reversal_model, artifacts):
         assert not np.array_equal(under_tensorflow[f"{plain} options"].tokens, under_tensorflow[plain].tokens), plain
 
 
+@pytest.mark.slow  # a trained model: the suite's artifacts
 def test_alignments_are_the_models_attention_over_the_real_source_for_each_output_piece(reversal_model):
     from keras_transformer.search import DecodingSettings, alignments, decode
 
