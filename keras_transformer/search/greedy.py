@@ -34,7 +34,7 @@ def greedy_search(model, source_ids, settings=None, *, max_length=None, executio
     """Translates `source_ids` `[batch, source_len]` by taking the most likely token each step
     (after the processors the options turn on, keras_transformer/search/processors/).
 
-    The arguments are `beam_search`'s (the settings' beam size unread). Returns a
+    The arguments are `beam_search`'s but `width` (the settings' beam size unread). Returns a
     `SearchResult` with tokens `[batch, max_length]` and scores `[batch]`.
     """
     execution = execution or Execution.choose()
