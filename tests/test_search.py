@@ -145,7 +145,7 @@ def test_execution_refuses_what_cannot_run_and_chooses_the_measured_on_cpus():
         Execution("paged")
     assert Execution.choose(compiled=False, platform="cpu") == Execution("growing", True, True, "chunks")
     assert Execution.choose(compiled=True, platform="cpu") == Execution("static", True, False, "chunks_by_argmax")
-    assert {Execution.choose(compiled=c, platform="cpu") for c in (False, True)} <= set(EXECUTIONS[:4])  # checked above, fast
+    assert all(Execution.choose(compiled=c, platform="cpu") in EXECUTIONS for c in (False, True))  # each checked above
     for platform in ("gpu", "tpu"):  # nothing measured there: no argmax passes, no shared slots
         assert Execution.choose(compiled=True, platform=platform) == Execution("static", False, False, "sort")
 
