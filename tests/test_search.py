@@ -237,6 +237,26 @@ def test_the_growing_cache_stops_decoding_the_sentences_that_are_done(beam_size,
     assert list(_nonzero_lengths(result.tokens)) == [3, 10]
 
 
+@pytest.mark.parametrize("search", [greedy_search, functools.partial(beam_search, beam_size=3)], ids=["greedy", "beam"])
+def test_a_graph_traces_the_step_once_unless_a_step_changes_an_axis_that_was_not_empty(search, rng):
+    # keras_transformer/search/loop.py: a served graph (batch unknown) grows only empty axes; a
+    # batch of static size that drops finished sentences is found out and traced twice more.
+    model, traces = _model(30, seed=7), []
+
+    class Counting(_EosLogit):
+        def decode_step(self, token_ids, index, cache):
+            traces.append(index)
+            return super().decode_step(token_ids, index, cache)
+
+    counting, sources = Counting(model, lambda index, source_length, slot: 0.0), _sources(rng, [2, 9], 30)
+    expected = search(model, sources, max_length_b=2).tokens
+    for signature, traced in (([tf.TensorSpec([None, None], tf.int32)], 1), (None, 3)):
+        traces.clear()
+        graph = tf.function(lambda ids: search(counting, ids, max_length_b=2), input_signature=signature, autograph=False)
+        np.testing.assert_array_equal(graph(sources).tokens, expected)
+        assert len(traces) == traced, signature
+
+
 def test_a_sentence_alone_equals_it_in_a_batch(rng):
     model = _model(30, seed=5)
     sources = _sources(rng, [7, 1, 4], 30)

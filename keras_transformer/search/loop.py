@@ -3,10 +3,12 @@ TensorFlow (graphs, eager) and JAX.
 
 Under JAX and XLA every tensor of the state keeps its shape. A TensorFlow graph without XLA lets
 shapes change (a growing cache, the sentences a search stops decoding), along the axes the loop
-declares (`tf.while_loop`'s shape invariants): the loop finds them by tracing `step` once on the
-state's shapes and frees exactly the axes that it changes (tf.while_loop then checks that a step
-keeps the rest). So no field need say what its axes are, and no axis is freed that a step keeps (a
-vocabulary). `graph_function` traces a search into a TensorFlow graph.
+declares (`tf.while_loop`'s shape invariants). The axes that a search grows start empty (a cache
+of no positions yet), so the loop frees the axes of size 0 and traces `step` once. If a step
+changes another axis (it drops finished sentences from a batch of static size), tf.while_loop
+refuses that, and the loop finds the axes that a step changes by tracing it on the state's shapes,
+then frees exactly those. So no field need say what its axes are, and no axis is freed that a step
+keeps (a vocabulary). `graph_function` traces a search into a TensorFlow graph.
 """
 
 import keras
@@ -50,11 +52,17 @@ def while_loop(condition, step, state, maximum_iterations):
         return tuple(new[i] for i in carried)
 
     tensors = tuple(leaves[i] for i in carried)
-    options = dict(maximum_iterations=maximum_iterations)
-    if tf.inside_function():
-        options["shape_invariants"] = _shape_invariants(flat_step, tensors)
-    result = tf.while_loop(lambda *tensors: condition(rebuild(tensors)), flat_step, tensors, **options)
-    return rebuild(result)
+
+    def loop(**shape_invariants):
+        return rebuild(tf.while_loop(lambda *tensors: condition(rebuild(tensors)), flat_step, tensors,
+                                     maximum_iterations=maximum_iterations, **shape_invariants))  # fmt: skip
+
+    if not tf.inside_function():
+        return loop()
+    try:
+        return loop(shape_invariants=tuple(tf.TensorShape([None if n == 0 else n for n in t.shape]) for t in tensors))
+    except ValueError:  # a step changed an axis of nonzero size
+        return loop(shape_invariants=_shape_invariants(flat_step, tensors))
 
 
 def graph_function(function=None, **kwargs):
