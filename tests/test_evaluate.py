@@ -1,8 +1,12 @@
-"""The figures evaluation reports: sacreBLEU's, computed as the field does."""
+"""The figures evaluation reports: sacreBLEU's, computed as the field does; the translator's
+graph."""
 
 import sacrebleu
 
-from training.evaluate import prefixed, score
+from keras_transformer import Transformer, TransformerConfig
+from keras_transformer.search import DecodingSettings
+from training.data import bucket_lengths
+from training.evaluate import make_translator, prefixed, score
 
 HYPOTHESES = ["The cat sat on the Mat.", "A dog runs in the Park!", "Zwei Männer spielen Fußball."]
 REFERENCES = ["the cat sat on the mat.", "A dog runs through the park.", "Zwei Männer spielen Fussball."]
@@ -22,3 +26,17 @@ def test_lowercase_bleu_is_sacrebleus_lowercased_13a_bleu():
 
 def test_dev_figures_are_named_for_their_split():
     assert prefixed({"bleu": 30.1, "split": "dev", "signature": "s"}, "dev") == {"dev_bleu": 30.1, "dev_signature": "s"}
+
+
+def test_a_translator_without_xla_traces_its_search_once_for_every_batch_and_bucket(synthetic_tokenizer, monkeypatch):
+    config = TransformerConfig.tiny(synthetic_tokenizer.vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_length=24)
+    model, traces = Transformer(config), []
+    step = model.decode_step
+    monkeypatch.setattr(model, "decode_step", lambda *args: traces.append(args) or step(*args))
+    sources = ["Hello.", "The small dog sees the red car in the old park near the school.", "I think so.", "A cat."] * 2
+    widths = {next(n for n in bucket_lengths(24) if n >= len(synthetic_tokenizer.tokenize(s)) + 1) for s in sources}
+    assert len(widths) > 1
+    translate = make_translator(model, synthetic_tokenizer, DecodingSettings(beam_size=2, max_length_b=2), batch_size=3,
+                                jit_compile=False)  # fmt: skip
+    translations, _ = translate(sources)
+    assert len(translations) == len(sources) and len(traces) == 1

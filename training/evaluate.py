@@ -68,12 +68,20 @@ def compile_search(model, settings=DecodingSettings(), jit_compile=True):
 
 def compile_for_backend(model, function, jit_compile=True):
     """`function(*arrays, execution)` (a search of `model`) as `compiled(*arrays)`, compiled for
-    Keras' backend: `tf.function` (with XLA and the static cache unless `jit_compile=False`), or
-    `jax.jit` with the model's weights as arguments rather than constants baked into the
-    program."""
+    Keras' backend: `tf.function` (with XLA and the static cache, one program a shape; with
+    `jit_compile=False` one graph for every shape, as served), or `jax.jit` with the model's
+    weights as arguments rather than constants baked into the program."""
     if keras.config.backend() != "jax":
         execution = Execution.choose(compiled=jit_compile)
-        return graph_function(lambda *arrays: function(*arrays, execution), jit_compile=jit_compile)
+        search = graph_function(lambda *arrays: function(*arrays, execution), jit_compile=jit_compile)
+        if jit_compile:
+            return search
+
+        def any_shape(*arrays):
+            arrays = [tf.convert_to_tensor(array) for array in arrays]
+            return search.get_concrete_function(*(tf.TensorSpec([None] * a.shape.rank, a.dtype) for a in arrays))(*arrays)
+
+        return any_shape
     import jax
 
     variables = model.variables
