@@ -232,4 +232,6 @@ def test_a_killed_worker_process_ends_the_coordinator_clearly(tmp_path):
     heartbeats = "Lost process 1 of 2: it stopped sending heartbeats to JAX's coordination service, so process 0 ends too."
     assert first == heartbeats or re.fullmatch(_collective_failed(0), first), first
     _assert_one_clear_message(output, status, first, run_dir)
-    assert "Saved checkpoint" in output and "4/24" in output  # process 0 spoke for both until then
+    # Process 0 spoke for both until then. Not "Saved checkpoint": the kill comes once state.json is
+    # written, which may be before the save's last barrier and so before process 0 says it.
+    assert "4/24" in output
