@@ -41,7 +41,7 @@ def convert(model, directory):
     from ctranslate2.specs import transformer_spec
 
     config = model.config
-    spec = transformer_spec.TransformerSpec.from_config(config.num_layers, config.num_heads, pre_norm=False)
+    spec = transformer_spec.TransformerSpec.from_config((config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=False)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
     embedding = _numpy(model.embedding.embeddings)
     table = np.asarray(sinusoids(np.arange(MAX_POSITIONS), config.d_model), np.float32)

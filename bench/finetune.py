@@ -104,7 +104,7 @@ def main(argv=None):
         own = source.load_corpus()  # the general model's own test split: Multi30k's test2016
         config = source.config()  # its preset, and any model flag it changed
         model_flags = [f"--config={source.settings()['config']}", *(f"--{name.replace('_', '-')}={getattr(config, name)}"
-                       for name in ("num_layers", "d_model", "num_heads", "d_ff", "max_length"))]  # fmt: skip
+                       for name in ("encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "max_length"))]  # fmt: skip
         checkpoint = "best" if source.best().get("file") else "latest"
         rows = {"a_general_as_is": (general, checkpoint, minutes)}
         tuned, scratch_run = os.path.join(base, "finetuned"), os.path.join(base, "scratch")

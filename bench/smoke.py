@@ -8,7 +8,9 @@ the test suite shares (tests/artifacts.py builds them once, under both backends)
                 (evaluation, --backend).
     MECHANICS   the recipe cut to 40 steps on batches of 512 tokens, for the checks of training's
                 mechanics (resuming, several processes, other file systems), which count steps
-                and need no learning
+                and need no learning; with 3 encoder layers and 1 decoder layer, so that those
+                checks hold for stacks of different depths (in 160 steps, this shallow decoder
+                would not learn the corpus' word order)
     run(...)    the run folder $KERAS_TRANSFORMER_SMOKE_RUN names, else one trained now
     export(...) the SavedModel $KERAS_TRANSFORMER_SMOKE_EXPORT names (beam 4, the paper's
                 decoding), or $KERAS_TRANSFORMER_SMOKE_GREEDY_EXPORT (beam 1), else the run
@@ -19,7 +21,8 @@ import os
 
 TRAINING = ["--steps", "160", "--checkpoint-every", "20", "--steps-per-call", "20", "--dropout", "0",
             "--max-length", "24", "--vocab-size", "500", "--strategy", "cpu"]  # fmt: skip
-MECHANICS = [*TRAINING, "--steps", "40", "--batch-tokens", "512", "--checkpoint-every", "8", "--steps-per-call", "4"]
+MECHANICS = [*TRAINING, "--steps", "40", "--batch-tokens", "512", "--checkpoint-every", "8", "--steps-per-call", "4",
+             "--encoder-layers", "3", "--decoder-layers", "1"]
 
 RUN_VARIABLE = "KERAS_TRANSFORMER_SMOKE_RUN"
 EXPORT_VARIABLE = "KERAS_TRANSFORMER_SMOKE_EXPORT"

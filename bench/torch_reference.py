@@ -53,8 +53,8 @@ def _model(torch, config):
             self.embedding = torch.nn.Embedding(config.vocab_size, d)
             torch.nn.init.normal_(self.embedding.weight, std=d**-0.5)
             self.transformer = torch.nn.Transformer(
-                d_model=d, nhead=config.num_heads, num_encoder_layers=config.num_layers,
-                num_decoder_layers=config.num_layers, dim_feedforward=config.d_ff, dropout=config.dropout,
+                d_model=d, nhead=config.num_heads, num_encoder_layers=config.encoder_layers,
+                num_decoder_layers=config.decoder_layers, dim_feedforward=config.d_ff, dropout=config.dropout,
                 batch_first=True,
             )  # fmt: skip
             position = torch.arange(config.max_length)[:, None]

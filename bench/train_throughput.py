@@ -59,7 +59,7 @@ def training_flops(config, batch, source_len, target_len):
         + 2 * target_len * source_len * d * 2  # cross-attention scores and mix
     )
     logits = target_len * d * vocab * 2
-    return 3 * batch * (config.num_layers * (encoder + decoder) + logits)
+    return 3 * batch * (config.encoder_layers * encoder + config.decoder_layers * decoder + logits)
 
 
 def measure(name, backend_name, xla, args, ceiling):

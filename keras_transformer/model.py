@@ -59,15 +59,14 @@ class Transformer(keras.Model):
             config.max_length, learned=config.positional_encoding == "learned", name="positional_encoding"
         )
         stack = dict(
-            num_layers=config.num_layers,
             num_heads=config.num_heads,
             d_ff=config.d_ff,
             dropout=config.dropout,
             attention_dropout=config.attention_dropout,
             relu_dropout=config.relu_dropout,
         )
-        self.encoder = Encoder(**stack, name="encoder")
-        self.decoder = Decoder(**stack, name="decoder")
+        self.encoder = Encoder(num_layers=config.encoder_layers, **stack, name="encoder")
+        self.decoder = Decoder(num_layers=config.decoder_layers, **stack, name="decoder")
         self.build()  # The config fixes every shape: create the weights now.
 
     def build(self, input_shape=None):

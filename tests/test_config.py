@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from keras_transformer import TransformerConfig
@@ -19,7 +21,9 @@ def test_presets_hold_the_paper_values():
     "overrides, message",
     [
         (dict(d_model=100, num_heads=8), "d_model=100 is not divisible by num_heads=8"),
-        (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
+        (dict(num_layers=0), "encoder_layers must be a positive integer, got 0"),
+        (dict(decoder_layers=0), "decoder_layers must be a positive integer, got 0"),
+        (dict(num_layers=2, encoder_layers=3, decoder_layers=1), "num_layers=2 is the depth of a stack whose own"),
         (dict(d_ff=-5), "d_ff must be a positive integer, got -5"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
         (dict(attention_dropout=-0.1), r"attention_dropout must be in \[0, 1\), got -0.1"),
@@ -36,6 +40,21 @@ def test_unknown_preset_and_fields_are_rejected():
         TransformerConfig.preset("huge", 100)
     with pytest.raises(ValueError, match="d_modle"):
         TransformerConfig.from_dict({"vocab_size": 10, "d_modle": 8})
+
+
+def test_num_layers_is_the_shorthand_for_both_depths_and_an_older_config_json_loads():
+    config = TransformerConfig.preset("multi30k", 8000, decoder_layers=1)
+    assert (config.encoder_layers, config.decoder_layers, config.num_layers) == (4, 1, None)
+    # The shorthand replaces a preset's depths; a stack's own field wins over it.
+    config = TransformerConfig.preset("multi30k", 8000, num_layers=2, encoder_layers=5)
+    assert (config.encoder_layers, config.decoder_layers) == (5, 2)
+    assert TransformerConfig.base(100).num_layers == 6
+    assert dataclasses.replace(TransformerConfig.tiny(100), d_model=64).num_layers == 2
+    # A config.json of a run trained before the two depths has num_layers alone.
+    old = {"vocab_size": 50, "num_layers": 3, "d_model": 32, "num_heads": 2, "d_ff": 64}
+    loaded = TransformerConfig.from_dict(old)
+    assert (loaded.encoder_layers, loaded.decoder_layers) == (3, 3)
+    assert loaded == TransformerConfig.from_dict(loaded.to_dict()) and "num_layers" not in loaded.to_dict()
 
 
 def test_json_round_trip():

@@ -18,6 +18,8 @@ from bench.smoke import MECHANICS
 from conftest import (ACCUMULATION_CONFIG, CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT, WORKER, accumulation_batches,
                       assert_accumulation_is_exact, run_under)
 from keras_transformer import Transformer, TransformerConfig
+from keras_transformer.search import DecodingSettings
+from training.evaluate import make_translator
 from training.run_folder import RunFolder
 
 # Every test here reads what JAX processes computed: slow. (tests/test_search.py compares the
@@ -148,7 +150,8 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
         "clocked": ["clocked", str(folder / "clocked"), *CLOCKED],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
         "tuned": ["train", "--run-dir", str(folder / "tuned"), *MECHANICS, "--steps", "4", "--checkpoint-every", "2",
-                  "--steps-per-call", "2", "--warmup-steps", "10", "--no-evaluate", "--init-from", artifacts.tf_run],
+                  "--steps-per-call", "2", "--warmup-steps", "10", "--no-evaluate", "--encoder-layers", "2",
+                  "--decoder-layers", "2", "--init-from", artifacts.tf_run],  # the TensorFlow recipe's depths
     }  # fmt: skip
     outputs = json.loads(run_under("jax", WORKER, "session", json.dumps(list(commands.values())), devices=2).splitlines()[-1])
     return dict(zip(commands, outputs)), folder, pairs
@@ -252,8 +255,15 @@ def test_the_commands_of_a_tensorflow_run_evaluate_and_export_a_jax_run(under_ja
     evaluated = under_jax[0]["evaluate"]
     assert '"sentences": 8' in evaluated and "averaged/ckpt-40.weights.h5" in evaluated
     assert f"Exported to {artifacts.exports['jax']}" in artifacts.output("jax-export")
+    # Its 3 encoder layers and 1 decoder layer served as the library's search translates with them.
+    run = RunFolder(artifacts.jax_run)
+    model, _ = run.load_model()
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (3, 1)
+    sentences = [source for source, _ in run.load_corpus().text_pairs("test", 8)]
+    translations, _ = make_translator(model, run.load_tokenizer(), DecodingSettings(), jit_compile=False)(sentences)
     loaded = tf.saved_model.load(artifacts.exports["jax"])
-    assert loaded.translate(tf.constant(["the dog sees a cat ."]))["translation"].shape == [1]
+    served = loaded.translate(tf.constant(sentences))["translation"].numpy()
+    assert [t.decode() for t in served] == translations
 
 
 def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages(under_jax, artifacts):

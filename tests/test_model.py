@@ -80,11 +80,18 @@ def _parameters(config):
     norm = 2 * d
     encoder_layer = attention + ffn + 2 * norm
     decoder_layer = 2 * attention + ffn + 3 * norm
-    return config.vocab_size * d + config.num_layers * (encoder_layer + decoder_layer)
+    return config.vocab_size * d + config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer
 
 
 def test_parameter_count_is_the_papers_architecture(model):
     assert model.count_params() == _parameters(model.config)
+
+
+def test_a_deep_encoder_and_a_shallow_decoder_have_their_own_depths(rng):
+    model = Transformer(TransformerConfig.tiny(VOCAB, encoder_layers=3, decoder_layers=1, d_model=32, d_ff=64))
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (3, 1)
+    assert model.count_params() == _parameters(model.config)
+    assert len(model.cross_attention_weights(_ids(rng, 2, 6), _ids(rng, 2, 5))) == 1
 
 
 @pytest.mark.parametrize("preset, paper", [("base", 65e6), ("big", 213e6)])
@@ -178,7 +185,7 @@ def test_projections_start_different():
 def test_cross_attention_weights_are_distributions_over_real_source_tokens(model, rng):
     source = _ids(rng, 2, 6, pad_from=[6, 4])
     weights = model.cross_attention_weights(source, _ids(rng, 2, 5))
-    assert len(weights) == model.config.num_layers
+    assert len(weights) == model.config.decoder_layers
     for layer_weights in weights:
         assert layer_weights.shape == (2, model.config.num_heads, 5, 6)
         np.testing.assert_allclose(np.sum(layer_weights, axis=-1), 1.0, atol=1e-5)

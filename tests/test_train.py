@@ -154,6 +154,8 @@ def test_a_resume_refuses_another_run_reports_what_changes_the_math_and_keeps_ea
     assert run.settings() == changed and run.config().dropout == 0.3
     with pytest.raises(ValueError, match=r"holds a different run \(d_model: 128 in .*config.json, 256 now"):
         run.check_resume(TransformerConfig.tiny(100, d_model=256, dropout=0.3), changed)
+    with pytest.raises(ValueError, match=r"decoder_layers: 2 in .*config.json, 1 now"):
+        run.check_resume(TransformerConfig.tiny(100, decoder_layers=1, dropout=0.3), changed)
     with pytest.raises(ValueError, match=r"dataset: 'synthetic' in .*training.json, 'tfds:x' now"):
         run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "dataset": "tfds:x"})
     with pytest.raises(ValueError, match=r"processes: 1 in .*training.json, 2 now\).*\(and number of processes\)"):
@@ -165,7 +167,10 @@ def test_a_resume_refuses_another_run_reports_what_changes_the_math_and_keeps_ea
 def test_a_run_folder_of_older_code_reads_as_one_segment_with_the_defaults_of_settings_added_since(tmp_path):
     run = RunFolder(str(tmp_path))
     old = {"dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0, "warmup_steps": 400}
-    run.write_json(run.config_path, TransformerConfig.tiny(100).to_dict())
+    config = TransformerConfig.tiny(100).to_dict()
+    config["num_layers"] = config.pop("encoder_layers")  # one depth for both stacks, as recorded then
+    del config["decoder_layers"]
+    run.write_json(run.config_path, config)
     run.write_json(run.settings_path, old)  # flat, without backend and processes (recorded since)
     assert run.segments() == [{"started": None, "step": 0, "settings": old}]
     assert run.settings() == {**old, "backend": "tensorflow", "processes": 1, "learning_rate_scale": 1.0}
@@ -178,6 +183,8 @@ BAD_FLAGS = [
     (["--max-minutes", "-1"], "--max-minutes must be positive, got -1.0"),
     (["--accumulate-steps", "0"], "--accumulate-steps must be positive, got 0"),
     (["--checkpoint-every-minutes", "-5"], "--checkpoint-every-minutes must be 0 (none) or positive, got -5.0"),
+    (["--decoder-layers", "0"], "--decoder-layers must be positive, got 0"),
+    (["--encoder-layers", "-1"], "--encoder-layers must be positive, got -1"),
 ]
 
 
@@ -208,11 +215,12 @@ def test_schedule_smoothing_and_model_flags_reach_the_optimizer_the_loss_and_the
     monkeypatch.setattr(train_module, "paper_optimizer", recording_optimizer)
     flags = ["--run-dir", str(tmp_path), "--steps", "3", "--steps-per-call", "3", "--batch-tokens", "256", "--max-length", "16",
              "--vocab-size", "200", "--no-evaluate", "--strategy", "cpu", "--warmup-steps", "7",
-             "--learning-rate-scale", "3.5", "--label-smoothing", "0.25", "--num-layers", "1", "--d-model", "48",
+             "--learning-rate-scale", "3.5", "--label-smoothing", "0.25", "--encoder-layers", "2", "--decoder-layers", "1",
+             "--d-model", "48",
              "--num-heads", "3", "--d-ff", "40", "--dropout", "0.2", "--attention-dropout", "0.05",
              "--relu-dropout", "0.15", "--no-xla"]  # fmt: skip
     model, _ = train_module.train(parse_args(flags))
-    shape = dict(num_layers=1, d_model=48, num_heads=3, d_ff=40, dropout=0.2, attention_dropout=0.05, relu_dropout=0.15)
+    shape = dict(encoder_layers=2, decoder_layers=1, d_model=48, num_heads=3, d_ff=40, dropout=0.2, attention_dropout=0.05, relu_dropout=0.15)
     assert {name: getattr(model.config, name) for name in shape} == shape
     assert RunFolder(str(tmp_path)).config() == model.config
     (layer,) = model.decoder.layers

@@ -345,7 +345,7 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
         with pytest.raises(ValueError, match=error):
             source.checkpoint(name)
     flags = [*MECHANICS, "--steps", "4", "--checkpoint-every", "2", "--steps-per-call", "2", "--warmup-steps", "10",
-             "--no-evaluate"]  # fmt: skip
+             "--no-evaluate", "--encoder-layers", "2", "--decoder-layers", "2"]  # fmt: skip  (the recipe's depths)
     run_dir = tmp_path / "tuned"
     train(parse_args(["--run-dir", str(run_dir), *flags, "--init-from", artifacts.tf_run]))
     run = RunFolder(str(run_dir))
@@ -379,6 +379,8 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
     learned = lambda length: TransformerConfig.tiny(100, positional_encoding="learned", max_length=length)  # noqa: E731
     with pytest.raises(ValueError, match=r"differs from this one \(max_length: 24 there, 32 here\)"):
         check_same_model(learned(24), learned(32), "x")
+    with pytest.raises(ValueError, match=r"differs from this one \(decoder_layers: 2 there, 1 here\)"):
+        check_same_model(TransformerConfig.tiny(100), TransformerConfig.tiny(100, decoder_layers=1), "x")
     with pytest.raises(ValueError, match=r"its model differs from this one \(d_model: 128 there, 32 here\)"):
         train(parse_args(["--run-dir", str(tmp_path / "other"), *flags, "--d-model", "32", "--init-from", artifacts.tf_run]))
     (tmp_path / "mine").mkdir()

@@ -42,7 +42,9 @@ from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 clock = time.perf_counter  # what training time is measured with (tests give it a fake)
 
 # The model settings a flag can override on top of --config (TransformerConfig's fields).
-MODEL_FLAGS = [("num_layers", int, "N, layers in the encoder and in the decoder"), ("d_model", int, "d_model"),
+MODEL_FLAGS = [("num_layers", int, "N, layers in the encoder and in the decoder"),
+               ("encoder_layers", int, "encoder layers (instead of --num-layers' N)"),
+               ("decoder_layers", int, "decoder layers (instead of --num-layers' N)"), ("d_model", int, "d_model"),
                ("num_heads", int, "h, attention heads"), ("d_ff", int, "feed-forward inner width"),
                ("dropout", float, "P_drop (residual and embedding dropout)"),
                ("attention_dropout", float, "dropout on the attention weights"),
@@ -113,8 +115,9 @@ def parse_args(argv=None):
     for name, value in PRESETS[args.config]["training"].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    positive = ("steps", "batch_tokens", "warmup_steps", "vocab_size", "max_length", "steps_per_call", "checkpoint_every",
-                "max_minutes", "tokenizer_sample", "heartbeat_seconds", "accumulate_steps")  # fmt: skip
+    positive = ("num_layers", "encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "steps", "batch_tokens",
+                "warmup_steps", "vocab_size", "max_length", "steps_per_call", "checkpoint_every", "max_minutes",
+                "tokenizer_sample", "heartbeat_seconds", "accumulate_steps")  # fmt: skip
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")

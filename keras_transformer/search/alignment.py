@@ -33,6 +33,6 @@ def alignments(model, source_ids, tokens, layer=-1):
 
 def check_layer(model, layer):
     """Raises ValueError unless `layer` indexes `model`'s decoder layers."""
-    layers = model.config.num_layers
+    layers = model.config.decoder_layers
     if not -layers <= layer < layers:
         raise ValueError(f"alignment_layer {layer}: the decoder has {layers} layers (-{layers} to {layers - 1}).")
