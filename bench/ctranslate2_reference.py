@@ -1,34 +1,21 @@
 """The reference rows of bench/decode.py: CTranslate2, a C++ inference engine for Transformers,
-running our model's own weights, so that a ratio is measured in one run on one set of weights.
+running our model's own weights (export/ctranslate2.py converts them), so that a ratio is
+measured in one run on one set of weights. Token i is named `<i>` in its vocabulary, with our
+padding, unknown, begin- and end-of-sentence ids at 0-3; sources carry their own end of sentence.
 
-CTranslate2 is a bench-only, optional dependency (`pip install -r bench/requirements.txt`);
-without it the rows are skipped with a message. The weights map one to one: our post-norm
-layers are its `pre_norm=False` layers, W^Q, W^K, W^V fused as it stores them, the shared
-embedding (scaled by sqrt(d_model)) as both embeddings and the output projection, and our
-sinusoid table as its position encodings. Token i is named `<i>` in its vocabulary, with our
-padding, unknown, begin- and end-of-sentence ids at 0-3.
+CTranslate2 is an optional dependency (`pip install -r export/requirements.txt`); without it
+the rows are skipped with a message.
 """
 
 import os
 import subprocess
 import sys
 
-import numpy as np
-
+from export import ctranslate2 as conversion
+from export.ctranslate2 import available  # noqa: F401  (bench/decode.py and real_serving.py ask it)
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.positional_encoding import sinusoids
-from keras_transformer.residual import LAYER_NORM_EPSILON
 
-MAX_POSITIONS = 1024  # rows of the position table (sources and outputs are shorter)
 SPECIAL = {PAD_ID: "<blank>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
-
-
-def available():
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def token(i):
@@ -36,35 +23,10 @@ def token(i):
 
 
 def convert(model, directory):
-    """Writes `model` (a `Transformer` with sinusoidal positions) as a CTranslate2 model in
-    `directory`; returns the directory."""
-    from ctranslate2.specs import transformer_spec
-
-    config = model.config
-    spec = transformer_spec.TransformerSpec.from_config((config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=False)
-    spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
-    embedding = _numpy(model.embedding.embeddings)
-    table = np.asarray(sinusoids(np.arange(MAX_POSITIONS), config.d_model), np.float32)
-    for stack_spec in (spec.encoder, spec.decoder):
-        stack_spec.position_encodings.encodings = table
-    spec.encoder.embeddings[0].weight = embedding
-    spec.decoder.embeddings.weight = embedding
-    spec.decoder.projection.weight = embedding  # logits = x E^T, no bias
-    for layer_spec, layer in zip(spec.encoder.layer, model.encoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_norm, fused=True)
-        _feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_norm)
-    for layer_spec, layer in zip(spec.decoder.layer, model.decoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_norm, fused=True)
-        _attention(layer_spec.attention, layer.cross_attention, layer.cross_attention_norm, fused=False)
-        _feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_norm)
-    vocabulary = [token(i) for i in range(config.vocab_size)]
-    spec.register_source_vocabulary(vocabulary)
-    spec.register_target_vocabulary(vocabulary)
-    spec.validate()
-    spec.optimize(quantization="float32")
-    os.makedirs(directory, exist_ok=True)
-    spec.save(directory)
-    return directory
+    """Writes `model` as a CTranslate2 model in `directory`, its tokens named by `token`;
+    returns the directory."""
+    vocabulary = [token(i) for i in range(model.config.vocab_size)]
+    return conversion.convert(model, directory, vocabulary, add_source_eos=False)
 
 
 # CTranslate2 multiplies matrices with Intel MKL on Intel CPUs and with oneDNN elsewhere
@@ -112,45 +74,7 @@ def translate(translator, source_ids, beam_size, length, forced=False):
     before), as bench/decode.py times our search. No length penalty."""
     source = [[token(int(i)) for i in row] for row in source_ids]
     lengths = dict(max_decoding_length=length, min_decoding_length=length if forced else 1)
-    results = translator.translate_batch(source, beam_size=beam_size, length_penalty=0.0, return_scores=True,
-                                         suppress_sequences=[[token(PAD_ID)]], **lengths)  # fmt: skip
+    results = translator.translate_batch(source, beam_size=beam_size, length_penalty=0.0, return_scores=True, **lengths)
     ids = {token(i): i for i in SPECIAL}
     tokens = [[ids[t] if t in ids else int(t[1:-1]) for t in result.hypotheses[0]] for result in results]
     return tokens, [result.scores[0] for result in results]
-
-
-def _numpy(variable):
-    return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable, np.float32)
-
-
-def _linear(spec, kernel, bias):
-    """Ours: kernel [in, ...out], bias [...out]; CTranslate2's: weight [out, in], bias [out]."""
-    kernel = _numpy(kernel)
-    spec.weight = np.ascontiguousarray(kernel.reshape(kernel.shape[0], -1).T)
-    spec.bias = _numpy(bias).reshape(-1)
-
-
-def _norm(spec, norm):
-    spec.gamma, spec.beta = _numpy(norm.gamma), _numpy(norm.beta)
-
-
-def _attention(spec, attention, norm, fused):
-    heads, key_dim = attention.num_heads, attention.key_dim
-    projections = []
-    for kernel, bias in ((attention.query_kernel, attention.query_bias), (attention.key_kernel, attention.key_bias),
-                         (attention.value_kernel, attention.value_bias)):  # fmt: skip
-        projections.append((_numpy(kernel).reshape(-1, heads * key_dim), _numpy(bias).reshape(-1)))
-    groups = [projections] if fused else [projections[:1], projections[1:]]
-    for linear_spec, group in zip(spec.linear, groups):
-        linear_spec.weight = np.ascontiguousarray(np.concatenate([k for k, _ in group], axis=1).T)
-        linear_spec.bias = np.concatenate([b for _, b in group])
-    output_kernel = _numpy(attention.output_kernel).reshape(heads * key_dim, -1)
-    spec.linear[-1].weight = np.ascontiguousarray(output_kernel.T)
-    spec.linear[-1].bias = _numpy(attention.output_bias)
-    _norm(spec.layer_norm, norm)
-
-
-def _feed_forward(spec, feed_forward, norm):
-    _linear(spec.linear_0, feed_forward.inner.kernel, feed_forward.inner.bias)
-    _linear(spec.linear_1, feed_forward.outer.kernel, feed_forward.outer.bias)
-    _norm(spec.layer_norm, norm)

@@ -77,7 +77,7 @@ def measure(mode, beam_size, xla, args, precision="float32"):
     model = in_precision(model, precision)
     if mode == "ctranslate2":
         if not ctranslate2_reference.available():
-            print("CTranslate2 is not installed: no reference row (pip install -r bench/requirements.txt).", file=sys.stderr)
+            print("CTranslate2 is not installed: no reference row (pip install -r export/requirements.txt).", file=sys.stderr)
             return
         translator = ctranslate2_reference.translator(ctranslate2_reference.convert(model, tempfile.mkdtemp()))
         _check_same_greedy_search(model, translator, source, args.length)

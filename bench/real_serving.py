@@ -7,10 +7,10 @@ decode the same).
     python -m bench.real_serving --smoke                        # seconds: the smoke export (bench/smoke.py)
 
 The run is exported once per --beam-sizes, --stopping rule and --exports kind and converted for
-CTranslate2 (`bench/ctranslate2_reference.py`); each measurement is a fresh process, the two
+CTranslate2 (`python -m export.ctranslate2`); each measurement is a fresh process, the two
 systems alternating round after round (--rounds); a round's ratio is ours over CTranslate2's
 sentences per second. How each side is run: bench/README.md, "Serving real text". Without
-CTranslate2 (`pip install -r bench/requirements.txt`) only ours is measured.
+CTranslate2 (`pip install -r export/requirements.txt`) only ours is measured.
 """
 
 import argparse
@@ -49,25 +49,19 @@ def measure_ours(export_dir, sentences, batch):
     return (*_timed_pass(translate, sentences, batch), ready)
 
 
-def measure_ctranslate2(model_dir, sentencepiece_path, sentences, batch, beam_size, alpha, max_length_b):
+def measure_ctranslate2(model_dir, sentences, batch, beam_size, alpha, max_length_b):
+    """export/ctranslate2.py's conversion, translated by its recipe: SentencePiece's pieces in and out."""
     import ctranslate2
     import sentencepiece
 
-    from bench.ctranslate2_reference import token
-    from keras_transformer import EOS_ID, PAD_ID
-
-    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32", inter_threads=1,
-                                        intra_threads=os.cpu_count())  # fmt: skip
-    pieces = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_path)
-    ids = {token(i): i for i in range(pieces.get_piece_size())}
+    translator = ctranslate2.Translator(model_dir, device="cpu", inter_threads=1, intra_threads=os.cpu_count())
+    pieces = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, "sentencepiece.model"))
 
     def translate(texts):
-        sources = [[token(i) for i in row] + [token(EOS_ID)] for row in pieces.encode(texts)]
-        results = translator.translate_batch(
-            sources, beam_size=beam_size, length_penalty=alpha, suppress_sequences=[[token(PAD_ID)]],
-            max_decoding_length=max(len(source) for source in sources) + max_length_b,
-        )  # fmt: skip
-        return pieces.decode([[ids[t] for t in result.hypotheses[0]] for result in results])
+        sources = pieces.encode(texts, out_type=str)
+        results = translator.translate_batch(sources, beam_size=beam_size, length_penalty=alpha,
+                                             max_decoding_length=max(len(source) + 1 for source in sources) + max_length_b)  # fmt: skip
+        return pieces.decode([result.hypotheses[0] for result in results])
 
     return (*_timed_pass(translate, sentences, batch), {})
 
@@ -96,9 +90,8 @@ def worker(args):
     if args.worker == "ours":
         translations, seconds, ready = measure_ours(args.export_dir, sources, args.batch)
     else:
-        translations, seconds, ready = measure_ctranslate2(args.ctranslate2_dir, os.path.join(args.export_dir, "assets", "sentencepiece.model"),
-                                                    sources, args.batch, decoding["beam_size"], decoding["alpha"],
-                                                    decoding["max_length_b"])  # fmt: skip
+        translations, seconds, ready = measure_ctranslate2(args.ctranslate2_dir, sources, args.batch, decoding["beam_size"],
+                                                           decoding["alpha"], decoding["max_length_b"])  # fmt: skip
     latency = {}
     if args.batch == 1:
         latency = {f"p{p}_ms": round(1000 * float(np.percentile(seconds, p)), 2) for p in (50, 95)}
@@ -125,6 +118,7 @@ def prepare(run_dir, scratch, args, exports=None):
     folder and the pairs' file."""
     from bench import ctranslate2_reference
     from bench.serving import export_search
+    from export import ctranslate2 as conversion
     from export.xla import CompiledShapes
     from keras_transformer.search import DecodingSettings
     from training.run_folder import RunFolder
@@ -144,10 +138,9 @@ def prepare(run_dir, scratch, args, exports=None):
                     exports[size, stopping, kind] = export_search(run_dir, base, args.max_length_b, compiled_shapes=shapes,
                                                                   beam_size=size, stopping=stopping)  # fmt: skip
     if not ctranslate2_reference.available():
-        print("CTranslate2 is not installed: no reference rows (pip install -r bench/requirements.txt).", file=sys.stderr)
+        print("CTranslate2 is not installed: no reference rows (pip install -r export/requirements.txt).", file=sys.stderr)
         return exports, None, sentences
-    model, _ = run.load_model()
-    directory = ctranslate2_reference.convert(model, os.path.join(scratch, "ctranslate2"))
+    directory = conversion.export(run_dir, os.path.join(scratch, "ctranslate2"))
     print(f"CTranslate2 with CT2_USE_MKL={ctranslate2_reference.choose_backend(directory)} (the faster here).",
           file=sys.stderr)  # fmt: skip
     return exports, directory, sentences
