@@ -7,7 +7,9 @@ Multi30k's training split (the paper's WMT14 EN-DE has 4.5M pairs, EN-FR 36M).
 
 Each size trains one step in a fresh process and a new run folder (its peak RSS its own, from
 `wait4`): reading and cutting the files, the tokenizer, compiling, the first shards, each timed
-from the lines it prints. `--gzip` compresses the training files first, as WMT ships them.
+from the lines it prints. Then `python -m training.shortlist` learns the run's vocabulary
+shortlist in a fresh process of its own (its time and peak RSS). `--gzip` compresses the
+training files first, as WMT ships them.
 """
 
 import argparse
@@ -75,6 +77,21 @@ def time_to_first_step(command, env=None, limit_seconds=3600):
     return phases, (peak_before_steps, usage.ru_maxrss / 1024), os.waitstatus_to_exitcode(status)
 
 
+def learn_shortlist(run_dir, limit_seconds=3600):
+    """Runs `python -m training.shortlist` on `run_dir`; returns (seconds, peak RSS in MiB)."""
+    start = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "training.shortlist", "--run-dir", run_dir], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    timer = threading.Timer(limit_seconds, process.kill)
+    timer.start()
+    output = process.stdout.read().decode("utf-8", "replace")
+    _, status, usage = os.wait4(process.pid, 0)  # this process' own peak, not its siblings'
+    timer.cancel()
+    if status:
+        raise SystemExit(f"training.shortlist exited with {os.waitstatus_to_exitcode(status)}:\n{output[-5000:]}")
+    return round(time.monotonic() - start, 1), usage.ru_maxrss / 1024
+
+
 def _peak_rss_mb(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
@@ -121,6 +138,7 @@ def main(argv=None):
             phases, (peak_before_steps, peak_mb), code = time_to_first_step(command)
             if code:
                 raise SystemExit(f"training.train exited with {code} on {pairs} pairs")
+            shortlist_s, shortlist_peak_mb = learn_shortlist(run_dir)
             emit(
                 {
                     "benchmark": "corpus_scale",
@@ -136,6 +154,8 @@ def main(argv=None):
                     "peak_rss_mb": round(peak_mb),
                     "tokenized_shards_written": len(_tokenized_files(run_dir)),
                     "shards": len(TextFileShards(os.path.join(run_dir, "data", "text")).shard_sizes),
+                    "shortlist_s": shortlist_s,
+                    "shortlist_peak_rss_mb": round(shortlist_peak_mb),
                 }
             )
             if not args.keep:

@@ -22,11 +22,18 @@ def token(i):
     return SPECIAL.get(i, f"<{i}>")
 
 
-def convert(model, directory):
-    """Writes `model` as a CTranslate2 model in `directory`, its tokens named by `token`;
+def convert(model, directory, candidates=None):
+    """Writes `model` as a CTranslate2 model in `directory`, its tokens named by `token`, with
+    `candidates` (ids) as the always list of a vocabulary map (`translate(..., use_vmap=True)`);
     returns the directory."""
     vocabulary = [token(i) for i in range(model.config.vocab_size)]
-    return conversion.convert(model, directory, vocabulary, add_source_eos=False)
+    files = {}
+    if candidates is not None:
+        os.makedirs(directory, exist_ok=True)
+        files["vmap.txt"] = os.path.join(directory, "candidates.txt")
+        with open(files["vmap.txt"], "w") as f:
+            f.write("\t" + " ".join(token(int(i)) for i in candidates) + "\n")
+    return conversion.convert(model, directory, vocabulary, add_source_eos=False, files=files)
 
 
 # CTranslate2 multiplies matrices with Intel MKL on Intel CPUs and with oneDNN elsewhere
@@ -61,20 +68,21 @@ def choose_backend(directory):
     return os.environ["CT2_USE_MKL"]
 
 
-def translator(directory):
+def translator(directory, compute_type="float32"):
     import ctranslate2
 
-    return ctranslate2.Translator(directory, device="cpu", compute_type="float32", inter_threads=1,
+    return ctranslate2.Translator(directory, device="cpu", compute_type=compute_type, inter_threads=1,
                                   intra_threads=os.cpu_count())  # fmt: skip
 
 
-def translate(translator, source_ids, beam_size, length, forced=False):
+def translate(translator, source_ids, beam_size, length, forced=False, use_vmap=False):
     """(output ids, log-probabilities) for int `source_ids` `[batch, source_len]` (no padding),
     at most `length` tokens each; with `forced`, exactly `length` (end-of-sentence suppressed
     before), as bench/decode.py times our search. No length penalty."""
     source = [[token(int(i)) for i in row] for row in source_ids]
     lengths = dict(max_decoding_length=length, min_decoding_length=length if forced else 1)
-    results = translator.translate_batch(source, beam_size=beam_size, length_penalty=0.0, return_scores=True, **lengths)
+    results = translator.translate_batch(source, beam_size=beam_size, length_penalty=0.0, return_scores=True,
+                                         use_vmap=use_vmap, **lengths)  # fmt: skip
     ids = {token(i): i for i in SPECIAL}
     tokens = [[ids[t] if t in ids else int(t[1:-1]) for t in result.hypotheses[0]] for result in results]
     return tokens, [result.scores[0] for result in results]

@@ -5,10 +5,12 @@
     python -m bench.decode            # d_model 256, 3+3 layers, batch 32
     python -m bench.decode --smoke    # seconds-long, tiny sizes (the test suite runs this)
     python -m bench.decode --precisions float32,bfloat16 --modes served   # reduced precision
+    python -m bench.decode --shortlist 2000 --ctranslate2-types float32,int8  # 2,000 candidates each side
 
 Random weights and no end of sentence, so that every run generates exactly --length tokens a
 sentence. Each measurement is a process of its own, in --rounds interleaved rounds; the last line
-gives each row's median ratio to CTranslate2 (and, with --precisions, to float32) over the rounds.
+gives each row's median ratio to CTranslate2 (each compute type of --ctranslate2-types; and, with
+--precisions, to float32) over the rounds.
 Method and figures: bench/README.md, "Decoding speed".
 """
 
@@ -30,7 +32,8 @@ from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E40
 from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
 from export.saved_model import in_precision  # noqa: E402
 from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads  # noqa: E402
-from keras_transformer.search import Execution, beam_search, greedy_search  # noqa: E402
+from keras_transformer.search import DecodingSettings, Execution, beam_search, greedy_search  # noqa: E402
+from keras_transformer.search.shortlist import search_over  # noqa: E402
 from keras_transformer.search.loop import graph_function  # noqa: E402
 
 # (mode, beam size, XLA): the rows of every round, then those measured once, for context.
@@ -70,30 +73,49 @@ def _model_and_source(args):
     return model, rng.integers(4, args.vocab_size, size=(args.batch, args.length), dtype="int32")
 
 
+def _candidates(args):
+    """With --shortlist N, the N candidate ids of every request (0-3 and N - 4 others, drawn
+    once, sorted); else None."""
+    if not args.shortlist:
+        return None
+    others = np.random.default_rng(1).choice(np.arange(4, args.vocab_size), size=args.shortlist - 4, replace=False)
+    return np.concatenate([np.arange(4), np.sort(others)]).astype("int32")
+
+
+def _search(search, model, candidates):
+    """`search(model, ids, settings, **options)`, over the candidates alone if there are."""
+    if candidates is None:
+        return lambda ids, settings, **options: search(model, ids, settings, **options)
+    return lambda ids, settings, **options: search_over(candidates, search, model, ids, settings, **options)
+
+
 def measure(mode, beam_size, xla, args, precision="float32"):
+    """One row; `precision`: the served rows' weights and matmuls, CTranslate2's compute type."""
     if mode == "served" and not args.smoke:  # a process of its own: TensorFlow has run nothing yet
         use_serving_threads()
     model, source = _model_and_source(args)
-    model = in_precision(model, precision)
+    candidates = _candidates(args)
     if mode == "ctranslate2":
         if not ctranslate2_reference.available():
             print("CTranslate2 is not installed: no reference row (pip install -r export/requirements.txt).", file=sys.stderr)
             return
-        translator = ctranslate2_reference.translator(ctranslate2_reference.convert(model, tempfile.mkdtemp()))
-        _check_same_greedy_search(model, translator, source, args.length)
-        seconds = time_call(lambda: ctranslate2_reference.translate(translator, source, beam_size, args.length, forced=True),
-                            args.repeats)  # fmt: skip
+        directory = ctranslate2_reference.convert(model, tempfile.mkdtemp(), candidates)
+        translator = ctranslate2_reference.translator(directory, precision)
+        vmap = candidates is not None
+        if precision == "float32":  # int8 rounds the weights: its tokens differ
+            _check_same_greedy_search(model, translator, source, args.length, candidates)
+        seconds = time_call(lambda: ctranslate2_reference.translate(translator, source, beam_size, args.length, forced=True,
+                                                                    use_vmap=vmap), args.repeats)  # fmt: skip
         _emit(mode, beam_size, xla, seconds, args, precision)
         return
+    model = in_precision(model, precision)
     if mode == "full_recompute":
         decode = lambda s: full_recompute_greedy(model, s, args.length)  # noqa: E731
     else:
         execution = Execution.choose(compiled=True, platform="cpu") if xla else SERVED_EXECUTION
-        options = dict(max_length_b=0, execution=execution, eos_id=-1)
-        if beam_size == 1:
-            search = lambda s: greedy_search(model, s, **options)  # noqa: E731
-        else:
-            search = lambda s: beam_search(model, s, beam_size=beam_size, **options)  # noqa: E731
+        settings = DecodingSettings(beam_size=beam_size, max_length_b=0)
+        run = _search(greedy_search if beam_size == 1 else beam_search, model, candidates)
+        search = lambda s: run(s, settings, execution=execution, eos_id=-1)  # noqa: E731
         searches = PARALLEL_SEARCHES if mode == "served" else 1
         decode = lambda s: in_parallel(search, s, searches).tokens  # noqa: E731
     compiled = graph_function(decode, jit_compile=xla)
@@ -102,12 +124,12 @@ def measure(mode, beam_size, xla, args, precision="float32"):
     _emit(mode, beam_size, xla, time_call(lambda: compiled(source).numpy(), args.repeats), args, precision)
 
 
-def _check_same_greedy_search(model, translator, source, length):
+def _check_same_greedy_search(model, translator, source, length, candidates):
     """CTranslate2's greedy search on our weights gives our tokens, and log-probabilities within
     0.5% (its kernels round differently, by about 0.002 per token): the weights are mapped right,
-    and both decoders agree."""
-    ours = greedy_search(model, source, max_length_b=0, alpha=0.0)  # alpha 0: the plain log-probability
-    tokens, scores = ctranslate2_reference.translate(translator, source, 1, length)
+    and both decoders agree (over the same candidates, if any)."""
+    ours = _search(greedy_search, model, candidates)(source, DecodingSettings(beam_size=1, max_length_b=0, alpha=0.0))
+    tokens, scores = ctranslate2_reference.translate(translator, source, 1, length, use_vmap=candidates is not None)
     expected = [[int(t) for t in row if t != PAD_ID] for row in keras.ops.convert_to_numpy(ours.tokens)]
     assert tokens == expected, "CTranslate2's greedy tokens differ from ours"
     np.testing.assert_allclose(scores, keras.ops.convert_to_numpy(ours.scores), rtol=5e-3)
@@ -127,6 +149,7 @@ def _emit(mode, beam_size, xla, seconds, args, precision):
             "d_model": args.d_model,
             "layers": args.layers,
             "vocab_size": args.vocab_size,
+            "candidates": args.shortlist or args.vocab_size,
             "seconds": round(seconds, 4),
             "gen_tokens_per_s": round(args.batch * args.length / seconds, 1),
             "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -144,6 +167,10 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-ff", type=int, default=1024)
     parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--shortlist", type=int, default=0, help="a vocabulary shortlist of this many candidates for "
+                        "every row, CTranslate2's as its vocabulary map (0: the whole vocabulary)")
+    parser.add_argument("--ctranslate2-types", default="float32", help="comma-separated: CTranslate2's compute types "
+                        "(float32, int8), a reference row each")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every row (medians are reported)")
     parser.add_argument("--precisions", default="float32", help="comma-separated: served rows in each (float32, bfloat16, float16)")
@@ -151,7 +178,11 @@ def main(argv=None):
     parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA[:PRECISION] (e.g. cached:4:1); the default runs "
                         "all, each in its own process so that peak memory is its own")
     args = parser.parse_args(argv)
-    rows = [row for row in ROWS if args.modes is None or row[0] in args.modes.split(",")]
+    if args.smoke:  # every kind of row, a shortlist too
+        args.ctranslate2_types, args.shortlist = "float32,int8", 20
+    rows = [(*row, *([compute_type] if row[0] == "ctranslate2" else [])) for row in ROWS
+            for compute_type in (args.ctranslate2_types.split(",") if row[0] == "ctranslate2" else [None])]  # fmt: skip
+    rows = [row for row in rows if args.modes is None or row[0] in args.modes.split(",")]
     rows += [("served", beam_size, False, precision) for precision in args.precisions.split(",") if precision != "float32"
              for beam_size in (1, 4)]  # fmt: skip
     if args.smoke:
@@ -161,7 +192,7 @@ def main(argv=None):
         measure(mode, int(beam_size), bool(int(xla)), args, *precision)
         return
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-              if k not in ("smoke", "only", "rounds", "precisions", "modes")]  # fmt: skip
+              if k not in ("smoke", "only", "rounds", "precisions", "modes", "ctranslate2_types")]  # fmt: skip
     if args.smoke:
         for mode, beam_size, xla, *precision in rows + CONTEXT_ROWS:
             measure(mode, beam_size, xla, args, *precision)
@@ -169,7 +200,8 @@ def main(argv=None):
     if any(row[0] == "ctranslate2" for row in rows) and ctranslate2_reference.available():
         # Its faster matrix library here, chosen once on this model; the rows' processes inherit it.
         with tempfile.TemporaryDirectory() as directory:
-            choice = ctranslate2_reference.choose_backend(ctranslate2_reference.convert(_model_and_source(args)[0], directory))
+            model = _model_and_source(args)[0]
+            choice = ctranslate2_reference.choose_backend(ctranslate2_reference.convert(model, directory, _candidates(args)))
         print(f"CTranslate2 with CT2_USE_MKL={choice} (the faster here).", file=sys.stderr, flush=True)
     rounds = []
     for index in range(args.rounds):
@@ -180,15 +212,20 @@ def main(argv=None):
             _run(row, passed)
     ratios = {}  # row name -> its ratio to CTranslate2 (or to float32) in each round
     for records in rounds:
-        reference = {r["beam_size"]: r["gen_tokens_per_s"] for r in records if r["mode"] == "ctranslate2"}
+        references = {(r["beam_size"], r["precision"]): r["gen_tokens_per_s"] for r in records if r["mode"] == "ctranslate2"}
         float32 = {r["beam_size"]: r["gen_tokens_per_s"] for r in records if r["mode"] == "served" and r["precision"] == "float32"}
         for r in records:
+            if r["mode"] == "ctranslate2":
+                continue
             if r["precision"] != "float32" and r["beam_size"] in float32:
                 name = f"served_beam{r['beam_size']}_{r['precision']}_vs_float32"
                 ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / float32[r["beam_size"]])
-            elif r["beam_size"] in reference and r["mode"] != "ctranslate2":
-                name = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}"
-                ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / reference[r["beam_size"]])
+            for (beam_size, compute_type), reference in references.items():
+                if beam_size == r["beam_size"]:  # against CTranslate2's float32, and _vs_int8 against its int8
+                    name = f"{r['mode']}_beam{beam_size}_{'xla' if r['xla'] else 'graph'}" + (
+                        f"_{r['precision']}" if r["precision"] != "float32" else "") + (
+                        f"_vs_{compute_type}" if compute_type != "float32" else "")  # fmt: skip
+                    ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / reference)
     if ratios:
         summary = {name: round(statistics.median(values), 2) for name, values in ratios.items()}
         summary.update({f"{name}_range": [round(min(v), 2), round(max(v), 2)] for name, v in ratios.items()})

@@ -89,16 +89,16 @@ def _metadata(export_dir):
         return json.load(f)
 
 
-def export_search(run_dir, base, max_length_b=None, compiled_shapes=None, **settings):
+def export_search(run_dir, base, max_length_b=None, compiled_shapes=None, shortlist=None, **settings):
     """The run exported to `base` as `python -m export` does, with `settings` (`DecodingSettings`'
-    fields), `max_length_b` (None: its default) and `compiled_shapes` (`--xla`'s; None: no XLA);
-    returns the version folder."""
+    fields), `max_length_b` (None: its default), `compiled_shapes` (`--xla`'s; None: no XLA)
+    and `shortlist` (`--shortlist`'s); returns the version folder."""
     from export.saved_model import export
     from keras_transformer.search import DecodingSettings
 
     if max_length_b is not None:
         settings["max_length_b"] = max_length_b
-    return export(run_dir, base, DecodingSettings(**settings), compiled_shapes=compiled_shapes)
+    return export(run_dir, base, DecodingSettings(**settings), compiled_shapes=compiled_shapes, shortlist=shortlist)
 
 
 def export_and_measure(run_dir, scratch, args, export_dirs=None):

@@ -44,6 +44,9 @@ def main(argv=None):
                         help="with --xla: the batch sizes compiled, comma-separated")
     parser.add_argument("--xla-source-lengths", type=_numbers, default=CompiledShapes.source_lengths,
                         help="with --xla: the source lengths compiled (pieces), comma-separated")
+    parser.add_argument("--shortlist", nargs="?", const="run", metavar="FILE",
+                        help="score only the target pieces a request's sources can need: the run's lexical table "
+                        "(learned first if the run has none: training/shortlist.py), or FILE's")  # fmt: skip
     parser.add_argument("--precision", default="float32", choices=PRECISIONS,
                         help="the weights' and matmuls' dtype: bfloat16 for CPUs with AVX-512 BF16 or AMX, float16 for "
                         "GPUs (softmax, logits and scores stay float32)")  # fmt: skip
@@ -53,7 +56,8 @@ def main(argv=None):
         settings = decoding_settings(args, tokenizer, alignment_layer=args.alignment_layer)
         shapes = CompiledShapes(args.xla_batch_sizes, args.xla_source_lengths) if args.xla else None
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
-                        searches=args.searches, precision=args.precision, compiled_shapes=shapes)  # fmt: skip
+                        searches=args.searches, precision=args.precision, compiled_shapes=shapes,
+                        shortlist=args.shortlist)  # fmt: skip
     except ValueError as error:
         sys.exit(f"error: {error}")
     print(f"Exported to {target}")

@@ -18,6 +18,7 @@ projection's bias keeps padding from being generated, as our logits do.
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -27,6 +28,8 @@ import numpy as np
 from export.quiet import quiet_tensorflow
 
 quiet_tensorflow()
+
+import tensorflow as tf  # noqa: E402
 
 from keras_transformer.positional_encoding import sinusoids  # noqa: E402
 from keras_transformer.residual import LAYER_NORM_EPSILON  # noqa: E402
@@ -99,7 +102,9 @@ def convert(model, directory, vocabulary, quantization="float32", add_source_eos
 
 def export(run_dir, out, quantization="float32", checkpoint=None):
     """Converts the run in `run_dir` (its `checkpoint`, default as `python -m export`'s) into the
-    new folder `out`, through a staging folder renamed into place; returns `out`."""
+    new folder `out`, through a staging folder renamed into place; returns `out`. The run's
+    shortlist (training/shortlist.py), if it has one, becomes CTranslate2's vocabulary map
+    (`vmap.txt`: `translate_batch(..., use_vmap=True)`)."""
     import sentencepiece
 
     from training.run_folder import RunFolder, local_copy
@@ -110,14 +115,19 @@ def export(run_dir, out, quantization="float32", checkpoint=None):
     model, checkpoint = run.load_model(checkpoint)
     staging = f"{out.rstrip(os.sep)}.partial"
     shutil.rmtree(staging, ignore_errors=True)  # what an interrupted conversion left
-    with local_copy(run.tokenizer_path) as tokenizer_path:
-        pieces = sentencepiece.SentencePieceProcessor(model_file=tokenizer_path)
+    shortlist = tf.io.gfile.exists(run.shortlist_path)
+    with contextlib.ExitStack() as stack:
+        files = {"sentencepiece.model": stack.enter_context(local_copy(run.tokenizer_path))}
+        if shortlist:
+            files["vmap.txt"] = stack.enter_context(local_copy(run.shortlist_path))
+        pieces = sentencepiece.SentencePieceProcessor(model_file=files["sentencepiece.model"])
         vocabulary = [pieces.id_to_piece(i) for i in range(pieces.get_piece_size())]
-        convert(model, staging, vocabulary, quantization, files={"sentencepiece.model": tokenizer_path})
+        convert(model, staging, vocabulary, quantization, files=files)
     if os.path.exists(out):
         os.rmdir(out)
     os.rename(staging, out)
-    print(f"Converted {checkpoint} ({quantization}) to {out}", flush=True)
+    print(f"Converted {checkpoint} ({quantization}{', with its shortlist as vmap.txt' if shortlist else ''}) to {out}",
+          flush=True)  # fmt: skip
     return out
 
 

@@ -26,7 +26,7 @@ from export.signatures import SIGNATURES
 from keras_transformer import Transformer
 from keras_transformer.search import DecodingSettings
 from keras_transformer.search.alignment import check_layer
-from training.run_folder import RunFolder
+from training.run_folder import RunFolder, local_copy
 
 
 # TF Serving replays the requests of this file when it loads a version, before it serves it, so
@@ -110,12 +110,14 @@ def next_version(base):
 
 
 def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoint=None, searches=PARALLEL_SEARCHES,
-           precision="float32", compiled_shapes=None):  # fmt: skip
+           precision="float32", compiled_shapes=None, shortlist=None):  # fmt: skip
     """Exports the run's model (averaged checkpoint if it is the newest, else the latest, unless
     `checkpoint` names one) with `settings` to `base/<version>/`, its requests decoded by
     `searches` parallel searches (export/serving.py), its weights and matmuls in `precision`
     (`in_precision`), requests of `compiled_shapes` (an `export.xla.CompiledShapes`) compiled by
-    XLA (None: no XLA); returns that folder."""
+    XLA (None: no XLA), over a vocabulary `shortlist`: "run" for the run's (learned first if it
+    has none: training/shortlist.py), or a path to a table of that format (None: no shortlist);
+    returns that folder."""
     if searches < 1:
         raise ValueError(f"--searches must be at least 1; got {searches}.")
     if keras.config.backend() != "tensorflow":
@@ -134,6 +136,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
     if compiled_shapes is not None:
         compiled_shapes = compiled_shapes.within(model.config.max_length)
     tokenizer = run.load_tokenizer()
+    table, shortlist_record = _shortlist(run, shortlist) if shortlist else (None, None)
     run_settings, metrics = run.settings(), {}
     if tf.io.gfile.exists(run.metrics_path):
         with tf.io.gfile.GFile(run.metrics_path) as f:
@@ -152,6 +155,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
             "max_source_length": model.config.max_length,
             "xla": None if compiled_shapes is None else dataclasses.asdict(compiled_shapes),
             "checkpoint": checkpoint,
+            "shortlist": shortlist_record,
             **{key: metrics[key] for key in ("bleu", "chrf", "signature", "steps") if key in metrics},
         }
         assets = os.path.join(staging, "_assets")
@@ -162,7 +166,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         tf.io.gfile.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
         asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches,
-                                compiled_shapes=compiled_shapes)  # fmt: skip
+                                compiled_shapes=compiled_shapes, shortlist=table)  # fmt: skip
         saved = os.path.join(staging, "model")
         signatures = {signature.name: getattr(translator, signature.method) for signature in SIGNATURES}
         tf.saved_model.save(translator, saved, signatures=signatures)
@@ -172,3 +176,28 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _shortlist(run, shortlist):
+    """The table of `shortlist` ("run", or a file's path) for the run's vocabulary, and what
+    metadata.json records of it."""
+    import sentencepiece
+
+    from training import shortlist as lexical
+
+    path = run.shortlist_path if shortlist == "run" else shortlist
+    if shortlist == "run" and not tf.io.gfile.exists(path):
+        print(f"{run.path} has no shortlist yet: learning one from its training split (training/shortlist.py).", flush=True)
+        lexical.learn(run.path)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"--shortlist {path}: no such file.")
+    with local_copy(run.tokenizer_path) as tokenizer_path:
+        try:
+            table, always = lexical.read(path, sentencepiece.SentencePieceProcessor(model_file=tokenizer_path))
+        except ValueError as error:
+            raise ValueError(f"--shortlist {error}") from None
+    record = {"file": path, "candidates_per_piece": table.shape[1], "always": len(always)}
+    if path == run.shortlist_path and tf.io.gfile.exists(run.shortlist_record_path):
+        with tf.io.gfile.GFile(run.shortlist_record_path) as f:
+            record["learned"] = json.load(f)
+    return (table, always), record

@@ -30,6 +30,7 @@ from keras_transformer.search import score as score_translations
 from keras_transformer.search.input_length import cut
 from keras_transformer.search.loop import graph_function
 from keras_transformer.search.outputs import length_limits
+from keras_transformer.search.shortlist import candidates, most_candidates, search_over
 
 IDS_SPEC = tf.TensorSpec([None, None], tf.int32)
 PARALLEL_SEARCHES = 2
@@ -58,10 +59,13 @@ class Translator(tf.Module):
         searches: the independent searches a request's sentences are split between.
         compiled_shapes: an `export.xla.CompiledShapes`: `translate` (`serving_default`) runs
             requests of those shapes compiled by XLA (export/xla.py); None: no XLA.
+        shortlist: (lexical table int32 `[vocab, width]`, always list int32 `[n]`)
+            (training/shortlist.py): each search (XLA's too) scores only its request's
+            candidates (keras_transformer/search/shortlist.py); None: the whole vocabulary.
     """
 
     def __init__(self, model, tokenizer, settings=DecodingSettings(), assets=(), searches=PARALLEL_SEARCHES,
-                 compiled_shapes=None):  # fmt: skip
+                 compiled_shapes=None, shortlist=None):  # fmt: skip
         super().__init__()
         self.model = model
         # The tf.Variables behind Keras 3's variables, tracked here so that the C++ loader (TF
@@ -70,13 +74,15 @@ class Translator(tf.Module):
         self.tokenizer = tokenizer
         self.settings = settings
         self.searches = searches
+        self.shortlist = None if shortlist is None else [tf.Variable(values, trainable=False) for values in shortlist]
         self.assets = [tf.saved_model.Asset(path) for path in assets]
         object.__setattr__(self, "_search_functions", {})  # untracked: the signatures' graphs hold them
         translate_ids = lambda ids: self._search(settings, ids)  # noqa: E731
         if compiled_shapes is not None:
             from export.xla import CompiledSearch
 
-            translate_ids = CompiledSearch(model, settings, compiled_shapes, fallback=translate_ids)
+            compiled = lambda ids, execution: self._decode(decode, ids, settings, execution=execution)  # noqa: E731
+            translate_ids = CompiledSearch(compiled, compiled_shapes, fallback=translate_ids)
         object.__setattr__(self, "_translate_ids", translate_ids)
         # Outputs of the `options` signature have at most the export's limit for its longest source.
         self.longest_output = int(settings.max_length_a * model.config.max_length) + settings.max_length_b
@@ -206,8 +212,8 @@ class Translator(tf.Module):
 
         def search(ids, *values):
             settings = dataclasses.replace(self.settings, max_input_length=0, **dict(zip(names, values)))
-            return decode(self.model, ids, settings, SERVED_EXECUTION, width=self.settings.beam_size,
-                          max_length=self.longest_output)  # fmt: skip
+            return self._decode(decode, ids, settings, execution=SERVED_EXECUTION, width=self.settings.beam_size,
+                                max_length=self.longest_output)  # fmt: skip
 
         specs = [IDS_SPEC, *(tf.TensorSpec([None] * len(value.shape), value.dtype) for value in options.values())]
         return in_parallel(self._function("options", search, specs), (source_ids, *options.values()), self.searches)
@@ -231,7 +237,7 @@ class Translator(tf.Module):
 
     def _search(self, settings, source_ids, target_prefix=None):
         def search(ids, prefix=None):
-            return decode(self.model, ids, settings, SERVED_EXECUTION, target_prefix=prefix)
+            return self._decode(decode, ids, settings, prefix, execution=SERVED_EXECUTION)
 
         prefixed = target_prefix is not None
         inputs = (source_ids, target_prefix) if prefixed else (source_ids,)
@@ -239,13 +245,29 @@ class Translator(tf.Module):
 
     def _sampled(self, source_ids, seed, temperature, top_k, top_p, samples):
         def sample(ids, seed, temperature, top_k, top_p, samples):
-            return sample_search(self.model, ids, seed, self.settings, num_samples=samples, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, execution=SERVED_EXECUTION)  # fmt: skip
+            def draw(model, ids, settings, target_prefix=None):
+                return sample_search(model, ids, seed, settings, num_samples=samples, temperature=temperature, top_k=top_k,
+                                     top_p=top_p, execution=SERVED_EXECUTION)  # fmt: skip
+
+            return self._decode(draw, ids, self.settings)
 
         specs = [IDS_SPEC, *(tf.TensorSpec([None], value.dtype) for value in (seed, temperature, top_k, top_p)),
                  tf.TensorSpec([], tf.int32)]  # fmt: skip
         batched = (source_ids, seed, temperature, top_k, top_p)  # one row per sentence
         return in_parallel(self._function("sample", sample, specs), batched, self.searches, shared=(samples,))
+
+    def _decode(self, search, ids, settings, target_prefix=None, **kwargs):
+        """`search(model, ids, settings, target_prefix=..., **kwargs)` (`decode`, ...) over the
+        model, or with a shortlist over the candidates of `ids` and the prefix's tokens alone
+        (as many as the most that `ids` of a static shape can have, for XLA)."""
+        if self.shortlist is None:
+            return search(self.model, ids, settings, target_prefix=target_prefix, **kwargs)
+        table, always = self.shortlist
+        size = None
+        if ids.shape.is_fully_defined() and target_prefix is None:
+            size = most_candidates(ids.shape, table.shape[1], always.shape[0], self.model.config.vocab_size)
+        vocabulary = candidates(ids, table, always, forced=target_prefix, minimum=2 * self.settings.beam_size, size=size)
+        return search_over(vocabulary, search, self.model, ids, settings, target_prefix, **kwargs)
 
     def _function(self, key, search, specs):
         """One tf.function per kind of search, so that the signatures that search alike share its

@@ -20,7 +20,7 @@ import dataclasses
 import tensorflow as tf
 
 from keras_transformer.common import EOS_ID, PAD_ID
-from keras_transformer.search import Execution, decode
+from keras_transformer.search import Execution
 from keras_transformer.search.loop import graph_function
 
 # The execution of a search compiled by XLA on CPUs (a static cache, the argmax top k).
@@ -71,20 +71,20 @@ class CompiledShapes:
 
 
 class CompiledSearch:
-    """`decode(model, source_ids, settings)` compiled by XLA for each of `shapes`' shapes; the
-    graph search `fallback(source_ids)` for requests that none holds.
+    """`search(source_ids, COMPILED_EXECUTION)` (`decode` with the export's settings) compiled by
+    XLA for each of `shapes`' shapes; the graph search `fallback(source_ids)` for requests that
+    none holds.
 
     Args:
-        model: the `Transformer`.
-        settings: its `DecodingSettings`.
+        search: source ids `[batch, length]` of static shape, an `Execution` -> `SearchResult`.
         shapes: the `CompiledShapes`.
         fallback: source ids `[batch, length]` -> `SearchResult`, the default export's search.
     """
 
-    def __init__(self, model, settings, shapes, fallback):
+    def __init__(self, search, shapes, fallback):
         self.shapes, self.fallback = shapes, fallback
         self.functions = [
-            graph_function(lambda ids: decode(model, ids, settings, COMPILED_EXECUTION), jit_compile=True,
+            graph_function(lambda ids: search(ids, COMPILED_EXECUTION), jit_compile=True,
                            input_signature=[tf.TensorSpec(shape, tf.int32)]).get_concrete_function()
             for shape in shapes.shapes
         ]  # fmt: skip

@@ -251,3 +251,57 @@ def loaded_export(path):
     artifacts share it (a load takes seconds, and so does each of its functions' first call).
     A test may put it in place of `tf.saved_model.load` for the commands it calls in-process."""
     return _LOAD(path)
+
+
+def assert_stock_cpu_graph(export_dir, xla=False):
+    """Asserts that every node of the SavedModel in `export_dir` has a CPU kernel of stock
+    TensorFlow or tf-text for its dtypes, and that no function or op is XLA's (with `xla`: every
+    node outside the functions XLA compiles, but for XLA's own ops); returns the nodes."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    graph = saved_model.meta_graphs[0].graph_def
+    nodes = list(graph.node)
+    for function in graph.library.function:
+        if function.attr["_XlaMustCompile"].b:
+            assert xla, function.signature.name
+            continue
+        nodes += function.node_def
+    if xla:  # the loops inside a compiled function are functions of their own, with XLA's ops
+        nodes = [node for node in nodes if not node.op.startswith("Xla")]
+    defined = {function.signature.name for function in graph.library.function}
+    ops = {node.op for node in nodes}
+    assert not {op for op in ops - defined if op_def_registry.get(op) is None}
+    assert "SentencepieceOp" in ops and not {op for op in ops if op.startswith("Xla")}
+    # Op names are blind to dtypes: a bfloat16 BatchMatMul needs its own kernel.
+    missing = {(node.op, str(sorted(tf.as_dtype(t).name for a in node.attr.values() for t in _types_of(a))))
+               for node in nodes if node.op not in defined and not _cpu_kernel_for(node)}  # fmt: skip
+    assert not missing
+    return nodes
+
+
+def _cpu_kernel_for(node):
+    """Whether TensorFlow (or tf-text, imported by the project) registers a CPU kernel (or one
+    for every device) for the node's op whose type constraints its dtype attributes meet."""
+    types = {name: frozenset(_types_of(value)) for name, value in node.attr.items()}
+    return _has_cpu_kernel(node.op, frozenset(types.items()))
+
+
+@functools.cache
+def _has_cpu_kernel(op, types):
+    from tensorflow.python.framework import kernels
+
+    types = dict(types)
+    for kernel in kernels.get_registered_kernels_for_op(op).kernel:
+        if kernel.device_type not in ("CPU", "DEFAULT"):
+            continue
+        if all(types[c.name] <= set(c.allowed_values.list.type) for c in kernel.constraint if c.name in types):
+            return True
+    return False
+
+
+def _types_of(attr):
+    return {attr.type} if attr.HasField("type") else set(attr.list.type)

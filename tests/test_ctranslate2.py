@@ -9,6 +9,7 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
+from conftest import loaded_export
 from export import ctranslate2 as conversion
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
@@ -46,7 +47,7 @@ def _ctranslate2(model_dir, sources, beam_size, alpha=0.6):
 
 def _served(export_dir, sources, **options):
     """The export's translations, with `options` (the `options` signature's inputs) if any."""
-    loaded = tf.saved_model.load(export_dir)
+    loaded = loaded_export(export_dir)
     translate = loaded.options if options else loaded.translate
     return [t.decode() for t in translate(text=tf.constant(sources), **options)["translation"].numpy()]
 

@@ -1,4 +1,3 @@
-import functools
 import io
 import json
 import os
@@ -11,10 +10,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.protobuf import saved_model_pb2
-from tensorflow.python.framework import op_def_registry
 
-from conftest import loaded_export
+from conftest import _types_of, assert_stock_cpu_graph, loaded_export
 from export.serving import PARALLEL_SEARCHES
 from export.signatures import SIGNATURES, TEXT
 from keras_transformer.search import DecodingSettings
@@ -517,48 +514,9 @@ def test_a_request_that_is_not_a_vector_of_strings_is_an_invalid_argument_naming
         signature._call_flat([tf.constant([1.0])], signature.captured_inputs)
 
 
-def _cpu_kernel_for(node):
-    """Whether TensorFlow (or tf-text, imported by the project) registers a CPU kernel (or one
-    for every device) for the node's op whose type constraints its dtype attributes meet."""
-    types = {name: frozenset(_types_of(value)) for name, value in node.attr.items()}
-    return _has_cpu_kernel(node.op, frozenset(types.items()))
-
-
-@functools.cache
-def _has_cpu_kernel(op, types):
-    from tensorflow.python.framework import kernels
-
-    types = dict(types)
-    for kernel in kernels.get_registered_kernels_for_op(op).kernel:
-        if kernel.device_type not in ("CPU", "DEFAULT"):
-            continue
-        if all(types[c.name] <= set(c.allowed_values.list.type) for c in kernel.constraint if c.name in types):
-            return True
-    return False
-
-
-def _types_of(attr):
-    return {attr.type} if attr.HasField("type") else set(attr.list.type)
-
-
 @pytest.mark.parametrize("version", [1, 4, "bfloat16", "float16"])
 def test_every_node_has_a_stock_cpu_kernel_for_its_dtypes_and_none_is_xla(exported, version):
-    saved_model = saved_model_pb2.SavedModel()
-    with open(os.path.join(exported[version], "saved_model.pb"), "rb") as f:
-        saved_model.ParseFromString(f.read())
-    graph = saved_model.meta_graphs[0].graph_def
-    nodes = list(graph.node)
-    for function in graph.library.function:
-        nodes += function.node_def
-        assert not function.attr["_XlaMustCompile"].b, function.signature.name
-    defined = {function.signature.name for function in graph.library.function}
-    ops = {node.op for node in nodes}
-    assert not {op for op in ops - defined if op_def_registry.get(op) is None}
-    assert "SentencepieceOp" in ops and not {op for op in ops if op.startswith("Xla")}
-    # Op names are blind to dtypes: a bfloat16 BatchMatMul needs its own kernel.
-    missing = {(node.op, str(sorted(tf.as_dtype(t).name for a in node.attr.values() for t in _types_of(a))))
-               for node in nodes if node.op not in defined and not _cpu_kernel_for(node)}  # fmt: skip
-    assert not missing
+    nodes = assert_stock_cpu_graph(exported[version])
     if version in ("bfloat16", "float16"):  # the test sees the reduced dtype where it is
         assert any(tf.as_dtype(version).as_datatype_enum in _types_of(a) for node in nodes if node.op in ("MatMul", "BatchMatMulV2")
                    for a in node.attr.values())  # fmt: skip

@@ -20,6 +20,8 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
     DIR/best/                best.json, the best dev BLEU during training, its step and the
                              evaluations since (training/selection.py), and with --keep-best
                              its weights, ckpt-STEP.weights.h5
+    DIR/shortlist.txt        the vocabulary shortlist's lexical table, and shortlist.json, how it
+                             was learned (training/shortlist.py)
     DIR/logs/                TensorBoard: train/ and dev/
     DIR/metrics.json         what each command measured, each update kept beside the earlier
                              ones: test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
@@ -92,6 +94,8 @@ class RunFolder:
         self.best_dir = os.path.join(path, "best")
         self.best_record_path = os.path.join(self.best_dir, "best.json")
         self.learning_curve_path = os.path.join(path, "learning_curve.png")
+        self.shortlist_path = os.path.join(path, "shortlist.txt")
+        self.shortlist_record_path = os.path.join(path, "shortlist.json")
 
     def translations_path(self, split):
         return os.path.join(self.path, f"translations.{split}.txt")
@@ -104,9 +108,13 @@ class RunFolder:
 
     def write_json(self, path, values):
         """Writes aside and renames: a crash leaves the old file or the new one, never half of one."""
+        self.write_text(path, json.dumps(values, indent=2, sort_keys=True))
+
+    def write_text(self, path, text):
+        """As `write_json`, for text."""
         tf.io.gfile.makedirs(os.path.dirname(path))
         with tf.io.gfile.GFile(files.aside(path), "w") as f:
-            json.dump(values, f, indent=2, sort_keys=True)
+            f.write(text)
         tf.io.gfile.rename(files.aside(path), path, overwrite=True)
 
     def config(self):

@@ -15,7 +15,7 @@ it runs), `interface` (what a model provides), `greedy` and `beam` (the two sear
 search's choice, one module per option that acts there, and the target prefix), `scoring` (given
 translations' log-probabilities), `loop` (the while loop), `top_k` (the best tokens of a step), `outputs` (length limits, writing and cutting
 sequences), `input_length` (cutting long sources), `alignment` (the attention an output paid to
-its source).
+its source), `shortlist` (a search over a request's candidate tokens alone).
 """
 
 from keras_transformer.search.alignment import alignments

@@ -107,7 +107,7 @@ def sample_tokens(logits, uniform, temperature, top_k, top_p):
     """One token per row of `logits` `[rows, vocab]`, drawn by inverting the cumulative
     distribution at `uniform` (float32 `[rows]` in [0, 1)) after the temperature, top k and top
     p of each row (`[rows]` each, as `SamplingSettings`). int32 `[rows]`."""
-    vocab = logits.shape[-1]
+    vocab = ops.shape(logits)[-1]
     values, order = ops.top_k(logits / temperature[:, None], vocab)  # [rows, vocab], most likely first
     rank = ops.arange(vocab, dtype="int32")
     keep = rank < ops.where(top_k > 0, top_k, vocab)[:, None]  # [rows, vocab]

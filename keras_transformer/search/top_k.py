@@ -57,8 +57,8 @@ def chunked_top_k(values, k, short_top_k):
     """`top_k(values, k)` over `[rows, vocab]`, in two short passes over chunks of the
     vocabulary: the k best values lie in the k chunks with the best maxima. `short_top_k` finds
     the top k of the short rows: `ops.top_k`, or `top_k_by_argmax`."""
-    vocab = values.shape[-1]
-    if k == 1 or vocab < CHUNKED_FROM_ROW_LENGTH_PER_K * k:
+    vocab = values.shape[-1]  # None where it varies by request (a shortlist's): a full top k
+    if k == 1 or vocab is None or vocab < CHUNKED_FROM_ROW_LENGTH_PER_K * k:
         return short_top_k(values, k)
     chunk = next((size for size in CHUNK_SIZES if vocab % size == 0), FALLBACK_CHUNK_SIZE)
     padding = -vocab % chunk
