@@ -180,8 +180,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.smoke:  # every kind of row, a shortlist too
         args.ctranslate2_types, args.shortlist = "float32,int8", 20
-    rows = [(*row, *([compute_type] if row[0] == "ctranslate2" else [])) for row in ROWS
-            for compute_type in (args.ctranslate2_types.split(",") if row[0] == "ctranslate2" else [None])]  # fmt: skip
+    rows = []
+    for row in ROWS:  # a CTranslate2 row for each compute type
+        rows += [(*row, t) for t in args.ctranslate2_types.split(",")] if row[0] == "ctranslate2" else [row]
     rows = [row for row in rows if args.modes is None or row[0] in args.modes.split(",")]
     rows += [("served", beam_size, False, precision) for precision in args.precisions.split(",") if precision != "float32"
              for beam_size in (1, 4)]  # fmt: skip
@@ -220,16 +221,19 @@ def main(argv=None):
             if r["precision"] != "float32" and r["beam_size"] in float32:
                 name = f"served_beam{r['beam_size']}_{r['precision']}_vs_float32"
                 ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / float32[r["beam_size"]])
+            row = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}" + _suffix(r["precision"], "_")
             for (beam_size, compute_type), reference in references.items():
                 if beam_size == r["beam_size"]:  # against CTranslate2's float32, and _vs_int8 against its int8
-                    name = f"{r['mode']}_beam{beam_size}_{'xla' if r['xla'] else 'graph'}" + (
-                        f"_{r['precision']}" if r["precision"] != "float32" else "") + (
-                        f"_vs_{compute_type}" if compute_type != "float32" else "")  # fmt: skip
-                    ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / reference)
+                    ratios.setdefault(row + _suffix(compute_type, "_vs_"), []).append(r["gen_tokens_per_s"] / reference)
     if ratios:
         summary = {name: round(statistics.median(values), 2) for name, values in ratios.items()}
         summary.update({f"{name}_range": [round(min(v), 2), round(max(v), 2)] for name, v in ratios.items()})
         emit({"benchmark": "decode_vs_ctranslate2", "rounds": args.rounds, **summary})
+
+
+def _suffix(dtype, prefix):
+    """A row name's part for a dtype: none for float32, the default."""
+    return "" if dtype == "float32" else prefix + dtype
 
 
 def _run(row, passed):

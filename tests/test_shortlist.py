@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.search import beam_search, decode, sample_search
-from keras_transformer.search import Execution
+from keras_transformer.search import DecodingSettings, Execution
 from keras_transformer.search.shortlist import candidates, most_candidates, search_over, to_candidates, to_vocabulary
 from search_helpers import _forward, _length_penalty, _model, _sources
 
@@ -71,8 +71,7 @@ def _exhaustive_best(model, source, vocabulary, max_length, alpha):
     for row, hypothesis in enumerate(hypotheses):
         inputs[row, : len(hypothesis)] = [BOS_ID, *hypothesis[:-1]]
     logits = np.asarray(_forward(model)(np.repeat(source[None], len(hypotheses), axis=0), inputs))[..., allowed]
-    log_probs = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1, keepdims=True)) - logits.max(
-        -1, keepdims=True)
+    log_probs = np.asarray(tf.nn.log_softmax(logits))  # over the candidates alone
     place = {token: i for i, token in enumerate(allowed)}
     scored = [(sum(log_probs[row, i, place[t]] for i, t in enumerate(h)) / _length_penalty(len(h), alpha),
                [t for t in h if t != EOS_ID]) for row, h in enumerate(hypotheses)]  # fmt: skip
@@ -84,18 +83,12 @@ def test_a_wide_beam_over_the_candidates_finds_the_exhaustive_best_over_them(rng
     sources = np.array([[11, 4, 0], [5, 0, 0]], "int32")
     vocabulary = candidates(sources, TABLE, ALWAYS, minimum=2 * 24)
     ids = set(np.asarray(vocabulary).tolist())
-    result = search_over(vocabulary, beam_search, model, sources, _settings(beam_size=24, alpha=0.6), max_length=3)
+    result = search_over(vocabulary, beam_search, model, sources, DecodingSettings(beam_size=24, alpha=0.6), max_length=3)
     for row, source in enumerate(sources):
         score, output = _exhaustive_best(model, source, ids, 3, 0.6)
         tokens = np.asarray(result.tokens[row])
         assert list(tokens[tokens != PAD_ID]) == output
         np.testing.assert_allclose(result.scores[row], score, rtol=1e-4)
-
-
-def _settings(**fields):
-    from keras_transformer.search import DecodingSettings
-
-    return DecodingSettings(**fields)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -112,7 +105,7 @@ def test_every_search_equals_the_full_vocabularys_with_the_other_tokens_banned(b
     assert {38, 39} <= ids and len(ids) < 35
     outside = next(t for t in range(4, 40) if t not in ids)
     inside = sorted(ids - {0, 1, 2, 3, 38, 39})[:2]
-    settings = _settings(beam_size=beam_size, max_length_b=6, num_hypotheses=beam_size,
+    settings = DecodingSettings(beam_size=beam_size, max_length_b=6, num_hypotheses=beam_size,
                          suppress_sequences=((inside[0], inside[1]), (outside, inside[0])))  # fmt: skip
     ours = search_over(vocabulary, decode, model, sources, settings, prefix)
     reference = decode(_Masked(model, ids), sources, settings, target_prefix=prefix)
@@ -127,7 +120,7 @@ def test_under_xla_the_candidates_of_a_static_size_give_the_graphs_translations(
     model = _model(40, seed=24)
     table = rng.integers(4, 40, size=(40, 2)).astype("int32")
     sources = _sources(rng, [5, 3], 40)
-    settings = _settings(max_length_b=4, suppress_sequences=((7, 8),))
+    settings = DecodingSettings(max_length_b=4, suppress_sequences=((7, 8),))
 
     def search(ids, size, execution):
         vocabulary = candidates(ids, table, np.array([4, 5], "int32"), minimum=8, size=size)
@@ -147,7 +140,7 @@ def test_with_every_token_a_candidate_the_search_is_the_full_one(rng):
     model = _model(30, seed=23)
     sources = _sources(rng, [4, 6, 1], 30)
     vocabulary = np.arange(30, dtype="int32")
-    settings = _settings(max_length_b=5)
+    settings = DecodingSettings(max_length_b=5)
     ours = search_over(vocabulary, decode, model, sources, settings)
     full = decode(model, sources, settings)
     np.testing.assert_array_equal(ours.tokens, full.tokens)
@@ -221,7 +214,6 @@ def test_an_export_with_a_shortlist_learns_the_runs_table_and_serves_the_library
     from export import ctranslate2 as conversion
     from export.saved_model import export
     from export.xla import CompiledShapes
-    from keras_transformer.search import DecodingSettings
     from training import shortlist as lexical
     from training.run_folder import RunFolder
 
