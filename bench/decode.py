@@ -89,12 +89,13 @@ def _search(search, model, candidates):
     return lambda ids, settings, **options: search_over(candidates, search, model, ids, settings, **options)
 
 
-def measure(mode, beam_size, xla, args, precision="float32"):
-    """One row; `precision`: the served rows' weights and matmuls, CTranslate2's compute type."""
+def measure(mode, beam_size, xla, args, precision="float32", vocabulary=""):
+    """One row; `precision`: the served rows' weights and matmuls, CTranslate2's compute type;
+    `vocabulary` "full": the whole vocabulary even with --shortlist."""
     if mode == "served" and not args.smoke:  # a process of its own: TensorFlow has run nothing yet
         use_serving_threads()
     model, source = _model_and_source(args)
-    candidates = _candidates(args)
+    candidates = None if vocabulary == "full" else _candidates(args)
     if mode == "ctranslate2":
         if not ctranslate2_reference.available():
             print("CTranslate2 is not installed: no reference row (pip install -r export/requirements.txt).", file=sys.stderr)
@@ -106,7 +107,7 @@ def measure(mode, beam_size, xla, args, precision="float32"):
             _check_same_greedy_search(model, translator, source, args.length, candidates)
         seconds = time_call(lambda: ctranslate2_reference.translate(translator, source, beam_size, args.length, forced=True,
                                                                     use_vmap=vmap), args.repeats)  # fmt: skip
-        _emit(mode, beam_size, xla, seconds, args, precision)
+        _emit(mode, beam_size, xla, seconds, args, precision, candidates)
         return
     model = in_precision(model, precision)
     if mode == "full_recompute":
@@ -121,7 +122,7 @@ def measure(mode, beam_size, xla, args, precision="float32"):
     compiled = graph_function(decode, jit_compile=xla)
     tokens = compiled(source)
     assert tokens.shape == (args.batch, args.length) and np.all(tokens.numpy() != 0), "length not forced"
-    _emit(mode, beam_size, xla, time_call(lambda: compiled(source).numpy(), args.repeats), args, precision)
+    _emit(mode, beam_size, xla, time_call(lambda: compiled(source).numpy(), args.repeats), args, precision, candidates)
 
 
 def _check_same_greedy_search(model, translator, source, length, candidates):
@@ -135,7 +136,7 @@ def _check_same_greedy_search(model, translator, source, length, candidates):
     np.testing.assert_allclose(scores, keras.ops.convert_to_numpy(ours.scores), rtol=5e-3)
 
 
-def _emit(mode, beam_size, xla, seconds, args, precision):
+def _emit(mode, beam_size, xla, seconds, args, precision, candidates):
     emit(
         {
             "benchmark": "decode",
@@ -149,7 +150,7 @@ def _emit(mode, beam_size, xla, seconds, args, precision):
             "d_model": args.d_model,
             "layers": args.layers,
             "vocab_size": args.vocab_size,
-            "candidates": args.shortlist or args.vocab_size,
+            "candidates": args.vocab_size if candidates is None else len(candidates),
             "seconds": round(seconds, 4),
             "gen_tokens_per_s": round(args.batch * args.length / seconds, 1),
             "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -168,14 +169,15 @@ def main(argv=None):
     parser.add_argument("--d-ff", type=int, default=1024)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--shortlist", type=int, default=0, help="a vocabulary shortlist of this many candidates for "
-                        "every row, CTranslate2's as its vocabulary map (0: the whole vocabulary)")
+                        "every row, CTranslate2's as its vocabulary map, each of ours measured over the whole "
+                        "vocabulary too (0: the whole vocabulary)")
     parser.add_argument("--ctranslate2-types", default="float32", help="comma-separated: CTranslate2's compute types "
                         "(float32, int8), a reference row each")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every row (medians are reported)")
     parser.add_argument("--precisions", default="float32", help="comma-separated: served rows in each (float32, bfloat16, float16)")
     parser.add_argument("--modes", help="comma-separated: only these rows' modes (served, cached, ctranslate2)")
-    parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA[:PRECISION] (e.g. cached:4:1); the default runs "
+    parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA[:PRECISION[:full]] (e.g. cached:4:1); the default runs "
                         "all, each in its own process so that peak memory is its own")
     args = parser.parse_args(argv)
     if args.smoke:  # every kind of row, a shortlist too
@@ -186,6 +188,8 @@ def main(argv=None):
     rows = [row for row in rows if args.modes is None or row[0] in args.modes.split(",")]
     rows += [("served", beam_size, False, precision) for precision in args.precisions.split(",") if precision != "float32"
              for beam_size in (1, 4)]  # fmt: skip
+    if args.shortlist:  # each of ours over the whole vocabulary too: the shortlist's own speed-up
+        rows += [(*row, "float32")[:4] + ("full",) for row in rows if row[0] != "ctranslate2"]
     if args.smoke:
         args.batch, args.length, args.d_model, args.layers, args.d_ff, args.vocab_size, args.repeats = 2, 4, 16, 1, 32, 50, 1
     if args.only:
@@ -213,15 +217,20 @@ def main(argv=None):
             _run(row, passed)
     ratios = {}  # row name -> its ratio to CTranslate2 (or to float32) in each round
     for records in rounds:
-        references = {(r["beam_size"], r["precision"]): r["gen_tokens_per_s"] for r in records if r["mode"] == "ctranslate2"}
-        float32 = {r["beam_size"]: r["gen_tokens_per_s"] for r in records if r["mode"] == "served" and r["precision"] == "float32"}
-        for r in records:
+        # With --shortlist, the rows scored over it; the whole vocabulary's rows are its baseline.
+        main = [r for r in records if not args.shortlist or r["candidates"] == args.shortlist]
+        full = {_key(r): r["gen_tokens_per_s"] for r in records if args.shortlist and r["candidates"] == args.vocab_size}
+        references = {(r["beam_size"], r["precision"]): r["gen_tokens_per_s"] for r in main if r["mode"] == "ctranslate2"}
+        float32 = {r["beam_size"]: r["gen_tokens_per_s"] for r in main if r["mode"] == "served" and r["precision"] == "float32"}
+        for r in main:
             if r["mode"] == "ctranslate2":
                 continue
+            row = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}" + _suffix(r["precision"], "_")
+            if _key(r) in full:
+                ratios.setdefault(row + "_shortlist_vs_full", []).append(r["gen_tokens_per_s"] / full[_key(r)])
             if r["precision"] != "float32" and r["beam_size"] in float32:
                 name = f"served_beam{r['beam_size']}_{r['precision']}_vs_float32"
                 ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / float32[r["beam_size"]])
-            row = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}" + _suffix(r["precision"], "_")
             for (beam_size, compute_type), reference in references.items():
                 if beam_size == r["beam_size"]:  # against CTranslate2's float32, and _vs_int8 against its int8
                     ratios.setdefault(row + _suffix(compute_type, "_vs_"), []).append(r["gen_tokens_per_s"] / reference)
@@ -229,6 +238,11 @@ def main(argv=None):
         summary = {name: round(statistics.median(values), 2) for name, values in ratios.items()}
         summary.update({f"{name}_range": [round(min(v), 2), round(max(v), 2)] for name, v in ratios.items()})
         emit({"benchmark": "decode_vs_ctranslate2", "rounds": args.rounds, **summary})
+
+
+def _key(record):
+    """What a row measures apart from its vocabulary."""
+    return record["mode"], record["beam_size"], record["xla"], record["precision"]
 
 
 def _suffix(dtype, prefix):

@@ -1,23 +1,27 @@
 """Serving real text: a trained run's SavedModel against CTranslate2 on the same weights, on the
 run's own test sentences, in sentences per second, with both BLEUs (so that both are seen to
-decode the same).
+decode the same) and the share of equal translations.
 
     python -m bench.real_serving --run-dir runs/demo            # the README's demo model
     python -m bench.real_serving --run-dir runs/multi30k        # a multi30k-preset model
+    python -m bench.real_serving --run-dir runs/multi30k --run-dir runs/shallow --exports default,shortlist
     python -m bench.real_serving --smoke                        # seconds: the smoke export (bench/smoke.py)
 
-The run is exported once per --beam-sizes, --stopping rule and --exports kind (default, xla,
-shortlist: `python -m export --shortlist`) and converted for CTranslate2 once per
---ctranslate2 weight type (`python -m export.ctranslate2`); each measurement is a fresh
-process, the two systems alternating round after round (--rounds); a round's ratio is ours over
-CTranslate2's sentences per second, for each of its weight types, with its vocabulary map
-(`use_vmap`) where ours has the shortlist. How each side is run: bench/README.md, "Serving real
-text". Without CTranslate2 (`pip install -r export/requirements.txt`) only ours is measured.
+Each run is exported once per --beam-sizes, --stopping rule and --exports kind (default, xla,
+shortlist: `python -m export --shortlist`, or xla+shortlist) and converted for CTranslate2 once
+per --ctranslate2 weight type (`python -m export.ctranslate2`), which is also measured with its
+vocabulary map (`use_vmap`) where an export has the shortlist. Each measurement is a fresh
+process; all systems of all runs alternate, round after round (--rounds). A ratio is an
+export's sentences/s over another system's in the same round: CTranslate2 on its own run's
+weights and on the first run's, and the default export of both runs. How each side is run:
+bench/README.md, "Serving real text". Without CTranslate2 (`pip install -r
+export/requirements.txt`) only ours is measured.
 """
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -81,7 +85,7 @@ def _timed_pass(translate, sentences, batch):
 
 
 def worker(args):
-    """One measurement, in this process: prints its JSON line."""
+    """One measurement, in this process: prints its JSON line and writes its translations."""
     import sacrebleu
 
     with open(args.sentences, encoding="utf-8") as f:
@@ -93,15 +97,15 @@ def worker(args):
         translations, seconds, ready = measure_ours(args.export_dir, sources, args.batch)
     else:
         translations, seconds, ready = measure_ctranslate2(args.ctranslate2_dir, sources, args.batch, decoding["beam_size"],
-                                                           decoding["alpha"], decoding["max_length_b"],
-                                                           use_vmap=bool(decoding.get("shortlist")))  # fmt: skip
+                                                           decoding["alpha"], decoding["max_length_b"], args.use_vmap)  # fmt: skip
+    with open(args.translations, "w", encoding="utf-8") as f:
+        json.dump(translations, f, ensure_ascii=False)
     latency = {}
     if args.batch == 1:
         latency = {f"p{p}_ms": round(1000 * float(np.percentile(seconds, p)), 2) for p in (50, 95)}
     emit({
         "benchmark": "real_serving",
-        "system": args.worker if args.worker == "ours" else f"ctranslate2_{_weights(args.ctranslate2_dir)}",
-        "export": "xla" if decoding.get("xla") else "shortlist" if decoding.get("shortlist") else "default",
+        "system": args.label,
         "round": args.round,
         "beam_size": decoding["beam_size"],
         "stopping": decoding["stopping"],
@@ -120,10 +124,33 @@ def _weights(model_dir):
     return os.path.basename(model_dir.rstrip(os.sep))
 
 
-def prepare(run_dir, scratch, args, exports=None):
-    """Exports the run for each beam size (and stopping rule) unless `exports` are given,
-    converts it for CTranslate2 for each weight type and writes the test pairs; returns the
-    exports, the CTranslate2 folders and the pairs' file."""
+class Run:
+    """A run folder's measured systems: `exports` {(beam size, stopping rule): {kind: export
+    folder}} and `ctranslate2` (its converted folders, one a weight type)."""
+
+    def __init__(self, name, exports, ctranslate2=()):
+        self.name, self.exports, self.ctranslate2 = name, exports, list(ctranslate2)
+
+    def systems(self, cell):
+        """[(label, worker flags)] of one (beam size, stopping rule): each export, then
+        CTranslate2 in each weight type, and with its vocabulary map too where an export has the
+        shortlist."""
+        exports = self.exports[cell]
+        systems = [(f"{self.name}/{kind}", ["--worker=ours", f"--export-dir={path}"]) for kind, path in exports.items()]
+        any_export = next(iter(exports.values()))  # CTranslate2 decodes with its settings (metadata.json)
+        vmap = [False, True] if any("shortlist" in kind for kind in exports) else [False]
+        for directory in self.ctranslate2:
+            for use_vmap in vmap:
+                label = f"{self.name}/ctranslate2_{_weights(directory)}" + ("_vmap" if use_vmap else "")
+                systems.append((label, ["--worker=ctranslate2", f"--ctranslate2-dir={directory}", f"--export-dir={any_export}",
+                                        *(["--use-vmap"] if use_vmap else [])]))  # fmt: skip
+        return systems
+
+
+def prepare(run_dir, scratch, args, name):
+    """Exports the run for each beam size, stopping rule and kind, converts it for CTranslate2
+    for each weight type and writes the test pairs into `scratch`; returns the `Run` and the
+    pairs' file."""
     from bench import ctranslate2_reference
     from bench.serving import export_search
     from export import ctranslate2 as conversion
@@ -131,71 +158,106 @@ def prepare(run_dir, scratch, args, exports=None):
     from keras_transformer.search import DecodingSettings
     from training.run_folder import RunFolder
 
-    run = RunFolder(run_dir)
-    pairs = run.load_corpus().text_pairs("test", args.limit)
+    pairs = RunFolder(run_dir).load_corpus().text_pairs("test", args.limit)
     sentences = os.path.join(scratch, "test.jsonl")
     with open(sentences, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
-    if exports is None:  # {(beam size, stopping rule, kind): export folder}; greedy search has no rule
-        exports = {}
-        for size in args.beam_sizes:
-            for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
-                for kind in args.exports:
-                    base = os.path.join(scratch, f"beam{size}_{stopping}_{kind}")
-                    shapes = CompiledShapes() if kind == "xla" else None
-                    exports[size, stopping, kind] = export_search(run_dir, base, args.max_length_b, compiled_shapes=shapes,
-                                                                  shortlist="run" if kind == "shortlist" else None,
-                                                                  beam_size=size, stopping=stopping)  # fmt: skip
+    exports = {}  # greedy search has no stopping rule
+    for size in args.beam_sizes:
+        for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
+            for kind in args.exports:
+                features = kind.split("+")
+                exports.setdefault((size, stopping), {})[kind] = export_search(
+                    run_dir, os.path.join(scratch, f"beam{size}_{stopping}_{kind}"), args.max_length_b,
+                    compiled_shapes=CompiledShapes() if "xla" in features else None,
+                    shortlist="run" if "shortlist" in features else None, beam_size=size, stopping=stopping)  # fmt: skip
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r export/requirements.txt).", file=sys.stderr)
-        return exports, [], sentences
+        return Run(name, exports), sentences
     # Converted after the exports: a shortlist export learns the run's table, which becomes vmap.txt.
     directories = [conversion.export(run_dir, os.path.join(scratch, "ctranslate2", weights), weights)
                    for weights in args.ctranslate2]  # fmt: skip
-    if not args.smoke:  # a measurement: its faster matrix library here (two timed processes)
-        print(f"CTranslate2 with CT2_USE_MKL={ctranslate2_reference.choose_backend(directories[0])} (the faster here).",
-              file=sys.stderr)  # fmt: skip
-    return exports, directories, sentences
+    return Run(name, exports, directories), sentences
 
 
-def compare(exports, ctranslate2_dirs, sentences, args):
+def mean_candidates(run_dir, sources, batch):
+    """How many tokens the run's shortlist lets a request of `batch` of `sources` score, on
+    average (keras_transformer/search/shortlist.py's union, counted here in NumPy)."""
+    import sentencepiece
+
+    from training import shortlist as lexical
+    from training.run_folder import RunFolder, local_copy
+
+    run = RunFolder(run_dir)
+    with local_copy(run.tokenizer_path) as path:
+        pieces = sentencepiece.SentencePieceProcessor(model_file=path)
+    table, always = lexical.read(run.shortlist_path, pieces)
+    counts = []
+    for begin in range(0, len(sources), batch):
+        ids = np.concatenate([np.array(row + [pieces.eos_id()], np.int64) for row in pieces.encode(sources[begin : begin + batch])])
+        counts.append(len(np.union1d(np.union1d(table[ids].ravel(), always), np.arange(4))))
+    return float(np.mean(counts)), pieces.get_piece_size()
+
+
+def compared(ours, others, runs):
+    """The systems `ours` (an export's label) is measured against: CTranslate2 on its run's
+    weights and on the first run's, and the default export of both runs."""
+    within = (ours.split("/")[0], runs[0].name)
+    return [other for other in others if other != ours and other.split("/")[0] in within
+            and (other.split("/")[1].startswith("ctranslate2") or other.split("/")[1] == "default")]  # fmt: skip
+
+
+def compare(runs, sentences, args, scratch):
+    """Every system of every run, alternating round after round, per beam size, stopping rule
+    and batch; then a ratio of each export's sentences/s to each system it is compared with in
+    the same round, with the share of equal translations; then each ratio's median and range."""
+    ratios = {}
     for round_ in range(args.rounds):
-        for (beam_size, stopping, kind), export_dir in exports.items():
+        for cell in runs[0].exports:
+            systems = [system for run in runs for system in run.systems(cell)]
             for batch in args.batch_sizes:
-                systems = ["ours", *ctranslate2_dirs]
-                if round_ % 2:
-                    systems.reverse()
-                figures = {}
-                for system in systems:
-                    worker = ["--worker=ours"] if system == "ours" else ["--worker=ctranslate2", f"--ctranslate2-dir={system}"]
-                    (figures[system],) = run_isolated("bench.real_serving", [
-                        *worker, f"--export-dir={export_dir}", f"--sentences={sentences}", f"--batch={batch}",
-                        f"--round={round_}"])  # fmt: skip
-                ours = figures["ours"]
-                for directory in ctranslate2_dirs:
-                    theirs = figures[directory]
-                    emit({"benchmark": "real_serving_ratio", "round": round_, "export": kind, "beam_size": beam_size,
-                          "stopping": stopping, "batch": batch, "ctranslate2": theirs["system"],
-                          "ratio": round(ours["sentences_per_s"] / theirs["sentences_per_s"], 3),
-                          "bleu_ours": ours["bleu"], "bleu_ctranslate2": theirs["bleu"]})  # fmt: skip
+                figures, outputs = {}, {}
+                for index, (label, flags) in enumerate(systems[:: -1 if round_ % 2 else 1]):
+                    path = os.path.join(scratch, f"translations.{index}.json")
+                    (figures[label],) = run_isolated("bench.real_serving", [
+                        *flags, f"--label={label}", f"--translations={path}", f"--sentences={sentences}",
+                        f"--batch={batch}", f"--round={round_}"])  # fmt: skip
+                    with open(path, encoding="utf-8") as f:
+                        outputs[label] = json.load(f)
+                for ours in (label for label, flags in systems if flags[0] == "--worker=ours"):
+                    for other in compared(ours, figures, runs):
+                        row = {"beam_size": cell[0], "stopping": cell[1], "batch": batch, "ours": ours, "other": other}
+                        ratio = figures[ours]["sentences_per_s"] / figures[other]["sentences_per_s"]
+                        same = float(np.mean([a == b for a, b in zip(outputs[ours], outputs[other])]))
+                        emit({"benchmark": "real_serving_ratio", "round": round_, **row, "ratio": round(ratio, 3),
+                              "identical": round(same, 3), "bleu_ours": figures[ours]["bleu"],
+                              "bleu_other": figures[other]["bleu"]})  # fmt: skip
+                        ratios.setdefault(json.dumps(row), []).append((ratio, same))
+    for key, values in ratios.items():
+        emit({"benchmark": "real_serving_summary", **json.loads(key), "rounds": len(values),
+              "median_ratio": round(statistics.median(r for r, _ in values), 3),
+              "ratio_range": [round(min(r for r, _ in values), 3), round(max(r for r, _ in values), 3)],
+              "identical": round(statistics.mean(s for _, s in values), 3)})  # fmt: skip
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", help="a run folder of training.train")
+    parser.add_argument("--run-dir", action="append", help="a run folder of training.train; repeat it to measure several "
+                        "runs side by side (the first is the one the others are compared with)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="the smoke export, a few sentences, one round")
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--stopping", default="exact,first_k", help="beam search's stopping rules measured")
-    parser.add_argument("--exports", default="default,xla", help="the exports measured: default (no XLA), xla, "
-                        "shortlist (python -m export --shortlist)")  # fmt: skip
+    parser.add_argument("--exports", default="default,xla", help="the exports measured: default (no XLA), xla, shortlist "
+                        "(python -m export --shortlist), xla+shortlist")  # fmt: skip
     parser.add_argument("--ctranslate2", default="float32,int8", help="CTranslate2's weight types measured beside ours")
     parser.add_argument("--batch-sizes", default="32,8,1")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement runs, the systems alternating")
     parser.add_argument("--limit", type=int, help="the first N test sentences (default: all)")
     parser.add_argument("--max-length-b", type=int, help="as python -m export (default: its default)")
     parser.add_argument("--worker", choices=["ours", "ctranslate2"], help=argparse.SUPPRESS)
-    for hidden in ("--export-dir", "--ctranslate2-dir", "--sentences"):
+    for hidden in ("--export-dir", "--ctranslate2-dir", "--sentences", "--label", "--translations"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--use-vmap", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -207,16 +269,49 @@ def main(argv=None):
     args.stopping = args.stopping.split(",")
     args.exports = args.exports.split(",")
     args.ctranslate2 = args.ctranslate2.split(",")
+    unknown = [kind for kind in args.exports if not set(kind.split("+")) <= {"default", "xla", "shortlist"}]
+    if unknown:
+        parser.error(f"--exports: {', '.join(unknown)} is not default, xla, shortlist or xla+shortlist")
     with tempfile.TemporaryDirectory() as scratch:
         if args.smoke:  # the smoke export (beam 4, the exact rule), a few sentences, one round
             from bench import smoke
 
-            args.limit, args.rounds, args.batch_sizes, args.ctranslate2 = 8, 1, [4], ["int8"]
-            compare(*prepare(smoke.run(scratch), scratch, args, {(4, "exact", "default"): smoke.export(scratch)}), args)
+            args.limit, args.rounds, args.batch_sizes, args.ctranslate2, args.exports = 8, 1, [4], ["int8"], []
+            run, sentences = prepare(smoke.run(scratch), scratch, args, "smoke")
+            run.exports = {(4, "exact"): {"default": smoke.export(scratch)}}
+            compare([run], sentences, args, scratch)
             return
         if not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
-        compare(*prepare(args.run_dir, scratch, args), args)
+        runs, files = [], []
+        for index, run_dir in enumerate(args.run_dir):
+            name = os.path.basename(os.path.normpath(run_dir))
+            if name in (run.name for run in runs):
+                name = f"{name}{index}"
+            os.makedirs(os.path.join(scratch, name))
+            run, sentences = prepare(run_dir, os.path.join(scratch, name), args, name)
+            if any("shortlist" in kind for kind in args.exports):
+                with open(sentences, encoding="utf-8") as f:
+                    sources = [json.loads(line)[0] for line in f]
+                for batch in args.batch_sizes:
+                    mean, vocab_size = mean_candidates(run_dir, sources, batch)
+                    emit({"benchmark": "real_serving_candidates", "run": name, "batch": batch,
+                          "mean_candidates": round(mean, 1), "vocab_size": vocab_size})  # fmt: skip
+            runs.append(run)
+            files.append(sentences)
+        with open(files[0], encoding="utf-8") as first:
+            pairs = first.read()
+        for run_dir, path in zip(args.run_dir[1:], files[1:]):
+            with open(path, encoding="utf-8") as other:
+                if other.read() != pairs:
+                    sys.exit(f"error: --run-dir {run_dir}'s test pairs differ from {args.run_dir[0]}'s: runs measured side "
+                             "by side translate the same sentences")  # fmt: skip
+        from bench import ctranslate2_reference
+
+        if runs[0].ctranslate2:  # a measurement: its faster matrix library here (two timed processes)
+            print(f"CTranslate2 with CT2_USE_MKL={ctranslate2_reference.choose_backend(runs[0].ctranslate2[0])} "
+                  "(the faster here).", file=sys.stderr)  # fmt: skip
+        compare(runs, files[0], args, scratch)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ REQUIRED = {
                            "shortlist_s", "shortlist_peak_rss_mb"},
     "bench.pipeline": {"tgt_tokens_per_s", "tgt_tokens_per_s_per_core", "v5e_chip_tgt_tokens_per_s_estimate", "cores_per_chip"},
     "bench.train_throughput": {"config", "backend", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
-    "bench.real_serving": {"round", "beam_size", "batch"},  # and sentences_per_s and bleu, or a ratio of them
+    "bench.real_serving": {"batch"},  # and a round's sentences/s and BLEU, a ratio of them, or its median
     "bench.serving": {"beam_size", "batch", "cold_start_s", "warmup_s", "first_request_ms", "p50_ms", "p95_ms", "peak_rss_mb"},
     "bench.wmt14_recipe": {"updates", "accumulate_steps", "seconds_per_update", "checkpoints", "averaged", "bleu", "signature",
                            "bleu_paper", "bleu_paper_signature", "peak_rss_mb"},
@@ -68,16 +68,20 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
         assert REQUIRED[module] <= set(record), record
         assert all(record[key] > 0 for key in record if key.endswith("_per_s") or key == "peak_rss_mb")
     if module == "bench.real_serving":  # each measurement has its speed and BLEU; each ratio both BLEUs
-        assert all({"sentences_per_s", "bleu"} <= set(r) or {"ratio", "bleu_ours", "bleu_ctranslate2"} <= set(r)
-                   for r in records), records  # fmt: skip
-        assert {r.get("system") for r in records} >= {"ours"}
+        measured = [r for r in records if r["benchmark"] == "real_serving"]
+        assert measured and all({"round", "sentences_per_s", "bleu"} <= set(r) for r in measured), records
+        assert {r["system"] for r in measured} >= {"smoke/default"}
         if "CTranslate2 is not installed" in stderr:
             pytest.skip("bench.real_serving's CTranslate2 rows: CTranslate2 is not installed (export/requirements.txt)")
-        ratios = [r for r in records if "ratio" in r]
-        assert {r["system"] for r in records if "system" in r} == {"ours", "ctranslate2_int8"} and ratios  # smoke: int8
-        speeds = {(r["round"], r["system"]): r["sentences_per_s"] for r in records if "system" in r}
+        assert {r["system"] for r in measured} == {"smoke/default", "smoke/ctranslate2_int8"}  # smoke: int8
+        speeds = {(r["round"], r["system"]): r["sentences_per_s"] for r in measured}
+        ratios = [r for r in records if r["benchmark"] == "real_serving_ratio"]
+        assert [(r["ours"], r["other"]) for r in ratios] == [("smoke/default", "smoke/ctranslate2_int8")]
         for r in ratios:  # each ratio is the two systems' speeds of its round, not a constant
-            assert r["ratio"] == pytest.approx(speeds[r["round"], "ours"] / speeds[r["round"], r["ctranslate2"]], rel=0.01)
+            assert {"bleu_ours", "bleu_other"} <= set(r) and 0 <= r["identical"] <= 1
+            assert r["ratio"] == pytest.approx(speeds[r["round"], r["ours"]] / speeds[r["round"], r["other"]], rel=0.01)
+        (summary,) = [r for r in records if r["benchmark"] == "real_serving_summary"]
+        assert summary["median_ratio"] == ratios[0]["ratio"] and summary["rounds"] == 1
     if module == "bench.compare_exports":  # two rounds of the beam-4 export against the greedy one, then a summary
         rounds = [r for r in records if r["benchmark"] == "compare_exports"]
         assert [len(r["sentences_per_s_each"]) for r in rounds] == [2, 2]
