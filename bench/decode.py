@@ -189,7 +189,8 @@ def main(argv=None):
     rows += [("served", beam_size, False, precision) for precision in args.precisions.split(",") if precision != "float32"
              for beam_size in (1, 4)]  # fmt: skip
     if args.shortlist:  # each of ours over the whole vocabulary too: the shortlist's own speed-up
-        rows += [(*row, "float32")[:4] + ("full",) for row in rows if row[0] != "ctranslate2"]
+        rows += [(mode, beam_size, xla, *(precision or ["float32"]), "full")
+                 for mode, beam_size, xla, *precision in rows if mode != "ctranslate2"]  # fmt: skip
     if args.smoke:
         args.batch, args.length, args.d_model, args.layers, args.d_ff, args.vocab_size, args.repeats = 2, 4, 16, 1, 32, 50, 1
     if args.only:

@@ -147,21 +147,30 @@ class Run:
         return systems
 
 
+def test_pairs(run_dir, limit):
+    """The run's first `limit` test pairs (None: all)."""
+    from training.run_folder import RunFolder
+
+    return RunFolder(run_dir).load_corpus().text_pairs("test", limit)
+
+
+def write_pairs(pairs, scratch):
+    """`pairs` as the workers read them (a JSON pair a line); returns the file."""
+    path = os.path.join(scratch, "test.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
+    return path
+
+
 def prepare(run_dir, scratch, args, name):
-    """Exports the run for each beam size, stopping rule and kind, converts it for CTranslate2
-    for each weight type and writes the test pairs into `scratch`; returns the `Run` and the
-    pairs' file."""
+    """Exports the run into `scratch` for each beam size, stopping rule and kind and converts it
+    for CTranslate2 for each weight type; returns the `Run`."""
     from bench import ctranslate2_reference
     from bench.serving import export_search
     from export import ctranslate2 as conversion
     from export.xla import CompiledShapes
     from keras_transformer.search import DecodingSettings
-    from training.run_folder import RunFolder
 
-    pairs = RunFolder(run_dir).load_corpus().text_pairs("test", args.limit)
-    sentences = os.path.join(scratch, "test.jsonl")
-    with open(sentences, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
     exports = {}  # greedy search has no stopping rule
     for size in args.beam_sizes:
         for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
@@ -173,18 +182,20 @@ def prepare(run_dir, scratch, args, name):
                     shortlist="run" if "shortlist" in features else None, beam_size=size, stopping=stopping)  # fmt: skip
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r export/requirements.txt).", file=sys.stderr)
-        return Run(name, exports), sentences
+        return Run(name, exports)
     # Converted after the exports: a shortlist export learns the run's table, which becomes vmap.txt.
     directories = [conversion.export(run_dir, os.path.join(scratch, "ctranslate2", weights), weights)
                    for weights in args.ctranslate2]  # fmt: skip
-    return Run(name, exports, directories), sentences
+    return Run(name, exports, directories)
 
 
 def mean_candidates(run_dir, sources, batch):
     """How many tokens the run's shortlist lets a request of `batch` of `sources` score, on
-    average (keras_transformer/search/shortlist.py's union, counted here in NumPy)."""
+    average, as the export tokenizes them; and the vocabulary's size."""
     import sentencepiece
+    import tensorflow as tf
 
+    from keras_transformer.search.shortlist import candidates
     from training import shortlist as lexical
     from training.run_folder import RunFolder, local_copy
 
@@ -192,10 +203,9 @@ def mean_candidates(run_dir, sources, batch):
     with local_copy(run.tokenizer_path) as path:
         pieces = sentencepiece.SentencePieceProcessor(model_file=path)
     table, always = lexical.read(run.shortlist_path, pieces)
-    counts = []
-    for begin in range(0, len(sources), batch):
-        ids = np.concatenate([np.array(row + [pieces.eos_id()], np.int64) for row in pieces.encode(sources[begin : begin + batch])])
-        counts.append(len(np.union1d(np.union1d(table[ids].ravel(), always), np.arange(4))))
+    tokenizer = run.load_tokenizer()
+    counts = [len(candidates(tokenizer.encode_source(tf.constant(sources[begin : begin + batch])).to_tensor(), table, always))
+              for begin in range(0, len(sources), batch)]  # fmt: skip
     return float(np.mean(counts)), pieces.get_piece_size()
 
 
@@ -277,41 +287,36 @@ def main(argv=None):
             from bench import smoke
 
             args.limit, args.rounds, args.batch_sizes, args.ctranslate2, args.exports = 8, 1, [4], ["int8"], []
-            run, sentences = prepare(smoke.run(scratch), scratch, args, "smoke")
+            run_dir = smoke.run(scratch)
+            run = prepare(run_dir, scratch, args, "smoke")
             run.exports = {(4, "exact"): {"default": smoke.export(scratch)}}
-            compare([run], sentences, args, scratch)
+            compare([run], write_pairs(test_pairs(run_dir, args.limit), scratch), args, scratch)
             return
         if not args.run_dir:
             sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
-        runs, files = [], []
+        pairs = test_pairs(args.run_dir[0], args.limit)
+        for run_dir in args.run_dir[1:]:  # checked before anything is exported
+            if test_pairs(run_dir, args.limit) != pairs:
+                sys.exit(f"error: --run-dir {run_dir}'s test pairs differ from {args.run_dir[0]}'s: runs measured side "
+                         "by side translate the same sentences")  # fmt: skip
+        runs = []
         for index, run_dir in enumerate(args.run_dir):
             name = os.path.basename(os.path.normpath(run_dir))
             if name in (run.name for run in runs):
                 name = f"{name}{index}"
             os.makedirs(os.path.join(scratch, name))
-            run, sentences = prepare(run_dir, os.path.join(scratch, name), args, name)
-            if any("shortlist" in kind for kind in args.exports):
-                with open(sentences, encoding="utf-8") as f:
-                    sources = [json.loads(line)[0] for line in f]
+            runs.append(prepare(run_dir, os.path.join(scratch, name), args, name))
+            if any("shortlist" in kind for kind in args.exports):  # the run's table exists now
                 for batch in args.batch_sizes:
-                    mean, vocab_size = mean_candidates(run_dir, sources, batch)
+                    mean, vocab_size = mean_candidates(run_dir, [source for source, _ in pairs], batch)
                     emit({"benchmark": "real_serving_candidates", "run": name, "batch": batch,
                           "mean_candidates": round(mean, 1), "vocab_size": vocab_size})  # fmt: skip
-            runs.append(run)
-            files.append(sentences)
-        with open(files[0], encoding="utf-8") as first:
-            pairs = first.read()
-        for run_dir, path in zip(args.run_dir[1:], files[1:]):
-            with open(path, encoding="utf-8") as other:
-                if other.read() != pairs:
-                    sys.exit(f"error: --run-dir {run_dir}'s test pairs differ from {args.run_dir[0]}'s: runs measured side "
-                             "by side translate the same sentences")  # fmt: skip
         from bench import ctranslate2_reference
 
         if runs[0].ctranslate2:  # a measurement: its faster matrix library here (two timed processes)
             print(f"CTranslate2 with CT2_USE_MKL={ctranslate2_reference.choose_backend(runs[0].ctranslate2[0])} "
                   "(the faster here).", file=sys.stderr)  # fmt: skip
-        compare(runs, files[0], args, scratch)
+        compare(runs, write_pairs(pairs, scratch), args, scratch)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,9 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
             assert r["ratio"] == pytest.approx(speeds[r["round"], r["ours"]] / speeds[r["round"], r["other"]], rel=0.01)
         (summary,) = [r for r in records if r["benchmark"] == "real_serving_summary"]
         assert summary["median_ratio"] == ratios[0]["ratio"] and summary["rounds"] == 1
+    if module == "bench.decode":  # with the smoke's shortlist of 20, each of ours also over all 50 pieces
+        assert {(r["mode"], r["candidates"]) for r in records if r["mode"] in ("served", "cached")} == {
+            (mode, n) for mode in ("served", "cached") for n in (20, 50)}
     if module == "bench.compare_exports":  # two rounds of the beam-4 export against the greedy one, then a summary
         rounds = [r for r in records if r["benchmark"] == "compare_exports"]
         assert [len(r["sentences_per_s_each"]) for r in rounds] == [2, 2]

@@ -241,6 +241,12 @@ def test_an_export_with_a_shortlist_learns_the_runs_table_and_serves_the_library
     assert served["translation"].numpy().tolist() == tokenizer.detokenize(expected.tokens).numpy().tolist()
     np.testing.assert_allclose(served["score"], expected.scores, rtol=1e-5)
     assert len(np.asarray(vocabulary)) < pieces.get_piece_size() / 2  # the test scores fewer tokens
+    # bench.real_serving's count of a request's candidates: requests of 5 sentences, counted in sets.
+    from bench.real_serving import mean_candidates
+
+    counts = [len({0, 1, 2, 3, *always.tolist(), *table[np.asarray(ids[begin : begin + 5]).ravel()].ravel().tolist()})
+              for begin in range(0, len(sentences), 5)]  # fmt: skip
+    assert mean_candidates(run_dir, sentences, 5) == (pytest.approx(np.mean(counts)), pieces.get_piece_size())
 
     # A prefix of a piece that no candidate of the source is starts the output; score is the
     # full vocabulary's, as the export without a shortlist scores.
