@@ -15,6 +15,10 @@ def test_presets_hold_the_paper_values():
     assert (small.num_layers, small.d_model, small.d_ff, small.num_heads) == (3, 256, 1024, 4)
     narrow = TransformerConfig.preset("multi30k", 8000)  # bench.multi30k's recipe (bench/README.md)
     assert (narrow.num_layers, narrow.d_model, narrow.d_ff, narrow.num_heads, narrow.dropout) == (4, 128, 512, 4, 0.3)
+    shallow = TransformerConfig.preset("multi30k_shallow", 8000)  # its deep-encoder, shallow-decoder variant
+    assert (shallow.encoder_layers, shallow.decoder_layers, shallow.num_layers, shallow.dropout) == (4, 1, None, 0.2)
+    assert dataclasses.replace(shallow, decoder_layers=4, dropout=0.3) == narrow
+    assert TransformerConfig.preset("multi30k_shallow", 8000, num_layers=2).decoder_layers == 2  # the shorthand wins
 
 
 @pytest.mark.parametrize(

@@ -178,7 +178,7 @@ def test_a_run_folder_of_older_code_reads_as_one_segment_with_the_defaults_of_se
 
 
 BAD_FLAGS = [
-    (["--config", "huge"], "--config 'huge': choose tiny, small, multi30k, base, big"),
+    (["--config", "huge"], "--config 'huge': choose tiny, small, multi30k, multi30k_shallow, base, big"),
     (["--steps", "0"], "--steps must be positive, got 0"),
     (["--max-minutes", "-1"], "--max-minutes must be positive, got -1.0"),
     (["--accumulate-steps", "0"], "--accumulate-steps must be positive, got 0"),

@@ -55,7 +55,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--run-dir", required=True, help="where the tokenizer, checkpoints, logs and metrics go")
-    add("--config", default="tiny", help="model size: tiny, small, multi30k, base or big (keras_transformer.config.PRESETS)")
+    add("--config", default="tiny", help=f"model size and training preset: {', '.join(PRESETS)} (keras_transformer.config.PRESETS)")
     add("--dataset", default="synthetic", help="synthetic, tfds:NAME, or a folder of text files")
     add("--source-lang", help="source language (file suffix, or TFDS feature name)")
     add("--target-lang", help="target language")
