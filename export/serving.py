@@ -139,7 +139,8 @@ class Translator(tf.Module):
         checks = [
             tf.debugging.assert_greater_equal(samples, 1, message=f"samples must be 1 to {MAX_SAMPLES}"),
             tf.debugging.assert_less_equal(samples, MAX_SAMPLES, message=f"samples must be 1 to {MAX_SAMPLES}"),
-            tf.debugging.assert_positive(temperature, message="temperature must be > 0"),
+            tf.debugging.assert_positive(temperature, message="temperature must be > 0 and finite"),
+            tf.debugging.assert_less(temperature, float("inf"), message="temperature must be > 0 and finite"),
             tf.debugging.assert_non_negative(top_k, message="top_k must be >= 0 (0: every token)"),
             tf.debugging.assert_positive(top_p, message="top_p must be in (0, 1]"),
             tf.debugging.assert_less_equal(top_p, 1.0, message="top_p must be in (0, 1]"),

@@ -186,7 +186,7 @@ class Sample(Signature):
     flag = ("--sample", dict(type=int, help="print N translations of each sentence drawn at random, with their scores"))
     inputs = (
         Tensor("samples", "int32", f"for each sentence, how many translations to draw, 1 to {MAX_SAMPLES}", warmup=np.int32(1)),
-        Tensor("temperature", "float32", "> 0; the logits are divided by it (below 1: closer to greedy)", warmup=np.float32(1)),
+        Tensor("temperature", "float32", "> 0 and finite; the logits are divided by it (below 1: closer to greedy)", warmup=np.float32(1)),
         Tensor("top_k", "int32", "draw among the k most likely tokens; 0 for all (1 is greedy search)", warmup=np.int32(0)),
         Tensor("top_p", "float32", "draw among the most likely tokens that first hold p of the probability, in (0, 1]",
                warmup=np.float32(1)),

@@ -495,6 +495,9 @@ def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_o
     assert set(mixed["translations"][~asked]) == {b""} and np.all(mixed["scores"][~asked] == -1e9)
     for bad, error in ((dict(samples=0), "samples must be 1 to 100"), (dict(samples=101), "samples must be 1 to 100"),
                        (dict(temperature=-1.0), "temperature must be > 0"), (dict(temperature=0.0), "temperature must be > 0"),
+                       (dict(temperature=float("inf")), "temperature must be > 0 and finite"),
+                       (dict(temperature=float("nan")), "temperature must be > 0 and finite"),
+                       (dict(top_p=float("nan")), "top_p must be in \\(0, 1\\]"),
                        (dict(top_k=-1), "top_k must be >= 0"), (dict(top_p=0.0), "top_p must be in \\(0, 1\\]"),
                        (dict(top_p=1.5), "top_p must be in \\(0, 1\\]"),
                        (dict(seed=[1, 2]), "seed must hold one value per sentence of text")):  # fmt: skip
@@ -613,7 +616,7 @@ def test_translate_command_line(exported, tmp_path, capsys, monkeypatch):
 
     # Bad flags end the command before the model is loaded.
     for arguments, error in (
-        ([exported[4], "x", "--sample", "2", "--top-p", "1.5"], "error: Sampling needs temperature > 0.*top_p 1.5"),
+        ([exported[4], "x", "--sample", "2", "--top-p", "1.5"], "error: Sampling needs a finite temperature > 0.*top_p 1.5"),
         ([exported[4], "x", "--sample", "101"], "error: --sample 101: 1 to 100"),
         ([exported[4], "x", "--n-best", "9"], f"error: --n-best 9: {exported[4]} searches with a beam of 4, so 1 to 4."),
         ([str(tmp_path / "nothing"), "x"], "is neither a SavedModel nor a base path with numbered versions"),

@@ -471,8 +471,9 @@ def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_an
                              target_prefix=np.array([[5, 6], [7, 0], [0, 0], [8, 9]], "int32"))  # fmt: skip
     starts = np.asarray(prefixed.tokens)[:, :, :2]
     assert np.all(starts[[0, 3]] == np.array([[5, 6], [8, 9]])[:, None]) and np.all(starts[1, :, 0] == 7)
-    with pytest.raises(ValueError, match="temperature > 0.*got temperature -1.0"):
-        SamplingSettings(temperature=-1.0)
+    for temperature in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=f"finite temperature > 0.*got temperature {temperature}"):
+            SamplingSettings(temperature=temperature)
 
 
 def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_size(rng):

@@ -207,11 +207,14 @@ def test_bad_option_values_are_invalid_arguments_that_name_the_option(served):
     for name, value, error in (
         ("beam_size", [5], BEAM_ERROR),
         ("beam_size", [0], BEAM_ERROR),
-        ("alpha", [math.nan], "alpha must be >= 0"),
-        ("alpha", [-1.0], "alpha must be >= 0"),
+        ("alpha", [math.nan], "alpha must be >= 0 and finite"),
+        ("alpha", [-1.0], "alpha must be >= 0 and finite"),
+        ("alpha", [math.inf], "alpha must be >= 0 and finite"),
         ("min_length", [2, -1, 0], "min_length must be >= 0"),
-        ("repetition_penalty", [0.0], "repetition_penalty must be > 0"),
-        ("max_length_a", [math.nan], "max_length_a must be >= 0"),
+        ("repetition_penalty", [0.0], "repetition_penalty must be > 0 and finite"),
+        ("repetition_penalty", [math.inf], "repetition_penalty must be > 0 and finite"),
+        ("max_length_a", [math.nan], "max_length_a must be >= 0 and finite"),
+        ("max_length_a", [math.inf], "max_length_a must be >= 0 and finite"),
         ("no_repeat_ngram_size", [1, 2], r"no_repeat_ngram_size must hold one value per sentence of text \(or one for all\)"),
     ):
         with pytest.raises(tf.errors.InvalidArgumentError, match=error):

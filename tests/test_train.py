@@ -196,6 +196,30 @@ def test_bad_flags_are_named(capsys):
     assert parse_args(["--run-dir", "x", "--config", "base"]).batch_tokens == 25000
 
 
+def test_the_process_flags_and_heartbeat_reach_jax_distributed_initialize(tmp_path, monkeypatch):
+    import jax
+
+    from training import backends
+    from training.backends.jax import HEARTBEAT_SECONDS
+    from training.train import train
+
+    class Joined(Exception):
+        pass
+
+    def initialize(*args, **kwargs):  # where the real one would join the coordinator
+        raise Joined(args, kwargs)
+
+    monkeypatch.setattr(backends, "current", lambda: "jax")
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    flags = ["--run-dir", str(tmp_path), "--backend", "jax", "--processes", "2", "--coordinator-address",
+             "127.0.0.1:1234", "--process-id", "1"]  # fmt: skip
+    for extra, heartbeat in (([], HEARTBEAT_SECONDS), (["--heartbeat-seconds", "7"], 7)):
+        with pytest.raises(Joined) as joined:
+            train(parse_args([*flags, *extra]))
+        assert joined.value.args == (("127.0.0.1:1234", 2, 1), {"heartbeat_timeout_seconds": heartbeat})
+
+
 def test_schedule_smoothing_and_model_flags_reach_the_optimizer_the_loss_and_the_model(tmp_path, monkeypatch):
     import training.backends.tensorflow as tensorflow_backend
     import training.train as train_module

@@ -337,7 +337,7 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
 
     from keras_transformer import Transformer, TransformerConfig
     from training.schedule import TransformerSchedule, paper_optimizer
-    from training.train import check_same_model, parse_args, train
+    from training.train import check_same_model, initial_checkpoint, parse_args, train
 
     source = RunFolder(artifacts.tf_run)
     assert source.checkpoint("140").endswith("ckpt-140") and source.checkpoint("latest").endswith("ckpt-160")
@@ -347,17 +347,18 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
     flags = [*MECHANICS, "--steps", "4", "--checkpoint-every", "2", "--steps-per-call", "2", "--warmup-steps", "10",
              "--no-evaluate", "--encoder-layers", "2", "--decoder-layers", "2"]  # fmt: skip  (the recipe's depths)
     run_dir = tmp_path / "tuned"
-    train(parse_args(["--run-dir", str(run_dir), *flags, "--init-from", artifacts.tf_run]))
+    # A named checkpoint, not the latest: step 0 must hold its weights, not step 160's.
+    train(parse_args(["--run-dir", str(run_dir), *flags, "--init-from", f"{artifacts.tf_run}:140"]))
     run = RunFolder(str(run_dir))
-    assert f"Started from {source.checkpoint('latest')} (step 160 of {artifacts.tf_run}) with a fresh optimizer" \
+    assert f"Started from {source.checkpoint('140')} (step 140 of {artifacts.tf_run}) with a fresh optimizer" \
         in capsys.readouterr().out  # fmt: skip
     assert [step for step, _ in run.checkpoints()] == [0, 2, 4]
     with open(source.tokenizer_path, "rb") as f:
         assert (run_dir / "tokenizer.model").read_bytes() == f.read()
     origin = run.segments()[0]["settings"]["init_from"]
-    assert origin == {"run": artifacts.tf_run, "checkpoint": source.checkpoint("latest"), "step": 160,
-                      "metrics": {key: value for key, value in source.metrics().items() if "bleu" in key or "chrf" in key}}
-    assert origin["metrics"]["bleu"] == source.metrics()["bleu"]
+    assert origin == {"run": artifacts.tf_run, "checkpoint": source.checkpoint("140"), "step": 140, "metrics": {}}
+    latest = initial_checkpoint(artifacts.tf_run, RunFolder(str(tmp_path / "new")), False)  # the source's own metrics
+    assert latest["checkpoint"] == source.checkpoint("latest") and latest["metrics"]["bleu"] == source.metrics()["bleu"]
 
     # Step 0: the source's weights, and an optimizer that has made no update.
     model = Transformer(run.config())
@@ -365,9 +366,11 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
     optimizer.build(model.trainable_variables)
     tf.train.Checkpoint(model=model, optimizer=optimizer).restore(run.checkpoint("0")).expect_partial() \
         .assert_existing_objects_matched()  # fmt: skip
-    start, _ = source.load_model("latest")
+    start, _ = source.load_model("140")
     for ours, theirs in zip(model.weights, start.weights):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+    last, _ = source.load_model("latest")
+    assert not np.array_equal(model.weights[0].numpy(), last.weights[0].numpy())
     assert int(optimizer.iterations.numpy()) == 0
     assert all(not np.any(variable.numpy()) for variable in optimizer.variables)
     tuned, _ = run.load_model("4")
@@ -442,4 +445,10 @@ def test_early_stopping_keeps_the_best_across_a_resume_and_the_rotation_and_expo
     loaded = tf.saved_model.load(exported)  # kept: its functions need it alive
     served = loaded.translate(tf.constant(sources))["translation"].numpy()
     assert [t.decode() for t in served] == (run_dir / "translations.dev.txt").read_text(encoding="utf-8").splitlines()
+    # The export holds step 4's weights, which step 10's differ from (they may translate alike).
+    exported_weights = [variable.numpy() for variable in loaded.model_variables]
+    assert len(exported_weights) == len(at_4.weights)
+    assert all(np.array_equal(ours, theirs.numpy()) for ours, theirs in zip(exported_weights, at_4.weights))
+    latest, _ = run.load_model("latest")
+    assert not all(np.array_equal(ours, theirs.numpy()) for ours, theirs in zip(exported_weights, latest.weights))
     assert training.initial_checkpoint(f"{run_dir}:best", RunFolder(str(tmp_path / "new")), True)["checkpoint"] == best

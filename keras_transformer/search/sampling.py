@@ -28,7 +28,7 @@ class SamplingSettings:
     """How tokens are drawn (defaults: from the model's own distribution).
 
     Args:
-        temperature: the logits are divided by it before the softmax (> 0): below 1 sharpens
+        temperature: the logits are divided by it before the softmax (> 0, finite): below 1 sharpens
             the distribution towards greedy search, above 1 flattens it.
         top_k: draw among the k most likely tokens only; 0 for the whole vocabulary. 1 is
             greedy search.
@@ -41,10 +41,10 @@ class SamplingSettings:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not self.temperature > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+        if not 0 < self.temperature < float("inf") or self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(
-                f"Sampling needs temperature > 0, top_k >= 0 (0: every token) and 0 < top_p <= 1; got temperature "
-                f"{self.temperature}, top_k {self.top_k}, top_p {self.top_p}."
+                f"Sampling needs a finite temperature > 0, top_k >= 0 (0: every token) and 0 < top_p <= 1; got "
+                f"temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}."
             )
 
 

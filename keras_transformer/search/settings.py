@@ -14,6 +14,7 @@ from keras_transformer.search.processors import (disable_unk, min_length, no_rep
 
 
 STOPPING_RULES = ("exact", "first_k")  # DecodingSettings.stopping
+INF = float("inf")  # a float option's check refuses it (and NaN, which fails every comparison)
 
 
 class Kind:
@@ -126,16 +127,16 @@ class Option:
 OPTIONS = (
     Option("beam_size", INT32, 4, "at least 1, and at most the search width (the beam size of an export)",
            lambda v: v >= 1, "hypotheses kept per sentence; 1 is greedy search", 2, export_bound=True),
-    Option("alpha", FLOAT32, 0.6, ">= 0", lambda v: v >= 0,
+    Option("alpha", FLOAT32, 0.6, ">= 0 and finite", lambda v: (v >= 0) & (v < INF),
            "the length penalty's exponent: a score is log P / ((5 + length) / 6) ** alpha", 1.0),
-    Option("max_length_a", FLOAT32, 1.0, ">= 0", lambda v: v >= 0,
+    Option("max_length_a", FLOAT32, 1.0, ">= 0 and finite", lambda v: (v >= 0) & (v < INF),
            "an output has at most a * (source length) + b tokens (fairseq's --max-len-a)", 1.2),
     Option("max_length_b", INT32, 50, ">= 0", lambda v: v >= 0, "b of max_length_a (fairseq's --max-len-b)", 10),
     Option("min_length", INT32, 0, ">= 0", lambda v: v >= 0,
            "no end of sentence before this many output tokens", 3, min_length.process),
     Option("no_repeat_ngram_size", INT32, 0, ">= 0", lambda v: v >= 0,
            "no n-gram of this size twice in an output; 0: off", 3, no_repeat_ngram.process),
-    Option("repetition_penalty", FLOAT32, 1.0, "> 0", lambda v: v > 0,
+    Option("repetition_penalty", FLOAT32, 1.0, "> 0 and finite", lambda v: (v > 0) & (v < INF),
            "a token output already has its log-probability multiplied by this; 1: off", 1.2,
            repetition_penalty.process),
     Option("disable_unk", BOOL, False, "true or false", None, "never output the unknown token", True,
