@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -16,6 +17,18 @@ import time
 def peak_rss_mb():
     """This process's peak resident memory in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@contextlib.contextmanager
+def held_port():
+    """A free port on 127.0.0.1, kept bound by this process (SO_REUSEPORT, never listening) while
+    open, so that no other process takes it between this choice and the server's bind. For
+    gRPC servers that bind with SO_REUSEPORT, as JAX's coordination service does (TensorFlow's
+    servers do not: their tests retry)."""
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 def time_call(fn, repeats):

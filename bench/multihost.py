@@ -14,12 +14,11 @@ is what the runtime and the collectives between processes cost, not what more ho
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
 
-from bench.common import emit
+from bench.common import emit, held_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,16 +69,16 @@ class _Host:
 
 def run(args, processes, devices_each):
     """Tokens/s per device of `processes` processes of `devices_each` host devices."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        coordinator = f"127.0.0.1:{s.getsockname()[1]}"
     env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_each}"}
-    flags = ["--config", args.config, "--vocab-size", str(args.vocab_size), "--batch", str(args.batch), "--length",
-             str(args.length), "--steps", str(args.steps), "--processes", str(processes), "--coordinator", coordinator]  # fmt: skip
-    commands = [["timeout", "1800", sys.executable, "-m", "bench.multihost", "--worker", "--process-id", str(i), *flags]
-                for i in range(processes)]  # fmt: skip
-    started = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
-    outputs = [process.communicate() for process in started]
+    with held_port() as port:  # held until the processes end: the coordinator binds it beside us
+        flags = ["--config", args.config, "--vocab-size", str(args.vocab_size), "--batch", str(args.batch), "--length",
+                 str(args.length), "--steps", str(args.steps), "--processes", str(processes), "--coordinator",
+                 f"127.0.0.1:{port}"]  # fmt: skip
+        commands = [["timeout", "1800", sys.executable, "-m", "bench.multihost", "--worker", "--process-id", str(i), *flags]
+                    for i in range(processes)]  # fmt: skip
+        started = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for c in commands]  # fmt: skip
+        outputs = [process.communicate() for process in started]
     for process, (_, stderr) in zip(started, outputs):
         if process.returncode:
             raise SystemExit(f"a process of the {processes}-process run failed:\n{stderr[-3000:]}")

@@ -7,7 +7,6 @@ import functools
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -141,18 +140,6 @@ def synthetic_tokenizer(synthetic_sentencepiece):
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
-
-
-@contextlib.contextmanager
-def held_port():
-    """A free port on 127.0.0.1, kept bound by this process (SO_REUSEPORT, never listening) while
-    open, so that no other process takes it between this choice and the server's bind. For
-    gRPC servers that bind with SO_REUSEPORT, as JAX's coordination service does (TensorFlow's
-    servers do not: their tests retry)."""
-    with socket.socket() as held:
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        held.bind(("127.0.0.1", 0))
-        yield held.getsockname()[1]
 
 
 def run_under(backend, *args, devices=1):

@@ -16,8 +16,9 @@ import time
 import numpy as np
 import pytest
 
+from bench.common import held_port
 from bench.smoke import MECHANICS
-from conftest import ROOT, WORKER, held_port
+from conftest import ROOT, WORKER
 from keras_transformer import Transformer
 from training.run_folder import RunFolder
 from training.supervisor import EXIT_LOST, JAX_FATAL, MARKER

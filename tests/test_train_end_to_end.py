@@ -78,7 +78,7 @@ def test_checkpoints_are_written_by_training_time_besides_the_step_rule_and_max_
 
 
 # What a TensorFlow worker prints when its gRPC server cannot bind its port. TensorFlow's servers
-# refuse SO_REUSEPORT, so a port cannot be held for them (conftest.held_port): one taken between
+# refuse SO_REUSEPORT, so a port cannot be held for them (bench.common.held_port): one taken between
 # its choice and the bind makes both workers start again on other ports.
 PORT_TAKEN = "Could not start gRPC server"
 
