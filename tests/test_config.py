@@ -1,8 +1,12 @@
 import dataclasses
+import os
+import re
 
 import pytest
 
+from conftest import ROOT
 from keras_transformer import TransformerConfig
+from keras_transformer.config import PRESETS
 
 
 def test_presets_hold_the_paper_values():
@@ -64,3 +68,9 @@ def test_num_layers_is_the_shorthand_for_both_depths_and_an_older_config_json_lo
 def test_json_round_trip():
     config = TransformerConfig.tiny(123, positional_encoding="learned")
     assert TransformerConfig.from_json(config.to_json()) == config
+
+
+def test_the_readme_lists_every_preset():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        listed = re.findall(r"`--config (\w+(?:\|\w+)+)`", f.read())
+    assert [names.split("|") for names in listed] == [list(PRESETS)]

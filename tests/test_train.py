@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import keras
@@ -194,6 +195,32 @@ def test_bad_flags_are_named(capsys):
             parse_args(["--run-dir", "x", *flags])
         assert message in capsys.readouterr().err
     assert parse_args(["--run-dir", "x", "--config", "base"]).batch_tokens == 25000
+
+
+def test_each_flag_row_gives_its_flag_its_check_and_its_resume_rule(tmp_path, monkeypatch, capsys):
+    from training import flags
+
+    # Every checked flag refuses a value outside its check, naming it and the check's words.
+    for flag in flags.FLAGS:
+        if flag.check is not None:
+            bad = 0 if flag.check is flags.POSITIVE else -1
+            with pytest.raises(SystemExit):
+                parse_args(["--run-dir", "x", flag.flag, str(bad)])
+            assert f"{flag.flag} must be {flag.check[0]}, got {flag.type(bad)}" in capsys.readouterr().err
+    # A new flag that a resume reports is its row: parsed, recorded, reported when it changes, and
+    # read as its `recorded` value from a run folder written before it existed.
+    knob = flags.Flag("knob", float, 1.0, "a new setting", flags.POSITIVE, flags.REPORTED, recorded=1.0)
+    monkeypatch.setattr(flags, "FLAGS", (*flags.FLAGS, knob))
+    assert parse_args(["--run-dir", "x", "--knob", "2"]).knob == 2.0
+    run, config = RunFolder(str(tmp_path)), TransformerConfig.tiny(100)
+    settings = {"backend": "tensorflow", "dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0}
+    run.record_segment(config, settings, 0, now="t0")  # written before the knob existed
+    resumed = run.settings()
+    assert resumed["knob"] == 1.0 and run.check_resume(config, resumed) == []
+    assert run.check_resume(config, {**resumed, "knob": 3.0}) == [("knob", 1.0, 3.0)]
+    monkeypatch.setattr(flags, "FLAGS", (*flags.FLAGS[:-1], dataclasses.replace(knob, resume=flags.REFUSED)))
+    with pytest.raises(ValueError, match=r"holds a different run \(knob: 1.0 in .*training.json, 3.0 now"):
+        run.check_resume(config, {**resumed, "knob": 3.0})
 
 
 def test_the_process_flags_and_heartbeat_reach_jax_distributed_initialize(tmp_path, monkeypatch):

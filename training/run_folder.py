@@ -5,7 +5,7 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
     DIR/config.json          the model's TransformerConfig
     DIR/training.json        the settings of each segment of the run (each time training.train
                              ran on the folder): when it started, at which step, with which
-                             flags and Keras backend (`RESUMED`)
+                             flags and Keras backend (training/flags.py)
     DIR/tokenizer.model      the SentencePiece model
     DIR/data/text/           a folder's training files cut into shards, and the tokenizer's
                              sample (training/cut.py; TFDS and synthetic corpora need none)
@@ -49,34 +49,8 @@ import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
 from training import data, files
+from training import flags
 from training.tokenizer import Tokenizer
-
-# How a resume treats a setting (training.json's, or a field of config.json) that differs from the
-# last segment's. "refused": it makes the run what it is (its data and how the processes share
-# them, the tokenizer, the model's shapes); `processes`: each process' position in its share of
-# the data is in the checkpoints. "reported": it changes the math from the resumed step on (the
-# schedule, the loss, dropout, the batch), printed before the first step. Any other (--steps,
-# --checkpoint-every, ...) just changes. Each name's default: its value for run folders written
-# before it was recorded.
-RESUMED = {
-    "backend": ("refused", "tensorflow"),
-    "dataset": ("refused", None),
-    "source_lang": ("refused", None),
-    "target_lang": ("refused", None),
-    "dev_split": ("refused", None),
-    "test_split": ("refused", None),
-    "seed": ("refused", None),
-    "vocab_size": ("refused", None),
-    "tokenizer_sample": ("refused", None),
-    "processes": ("refused", 1),
-    "warmup_steps": ("reported", None),
-    "learning_rate_scale": ("reported", 1.0),
-    "label_smoothing": ("reported", None),
-    "batch_tokens": ("reported", None),
-    "dropout": ("reported", None),
-    "attention_dropout": ("reported", None),
-    "relu_dropout": ("reported", None),
-}
 
 
 class RunFolder:
@@ -128,14 +102,14 @@ class RunFolder:
         return record["segments"] if "segments" in record else [{"started": None, "step": 0, "settings": record}]
 
     def settings(self):
-        """The last segment's settings, with `RESUMED`'s defaults for those it did not record."""
-        defaults = {name: default for name, (_, default) in RESUMED.items() if default is not None}
+        """The last segment's settings, with `flags.resumed()`'s values for those it did not record."""
+        defaults = {name: default for name, (_, default) in flags.resumed().items() if default is not None}
         return {**defaults, **self.segments()[-1]["settings"]}
 
     def check_resume(self, config, settings):
         """For a run about to train here with `config` and `settings`: nothing for a new run
-        folder; else refuses (ValueError) a change of what `RESUMED` refuses, and returns the
-        reported changes as `[(name, old, new)]`."""
+        folder; else refuses (ValueError) a change that `flags.resumed()` refuses, and returns
+        the reported changes as `[(name, old, new)]`."""
         if not tf.io.gfile.exists(self.settings_path):
             return []
         old_settings = self.settings()
@@ -147,21 +121,22 @@ class RunFolder:
                 f"Its model weights can be evaluated and exported under either backend."
             )
         old_config, new_config = self.config().to_dict(), config.to_dict()
-        treatment = lambda name: RESUMED.get(name, ("refused",))[0]  # noqa: E731  (a model field: refused)
+        rules = flags.resumed()
+        treatment = lambda name: rules.get(name, (flags.REFUSED,))[0]  # noqa: E731  (a model field: refused)
         # Dropout is compared in config.json, which holds its value; its flags may be None.
-        flags = [name for name in RESUMED if name not in new_config or treatment(name) == "refused"]
-        found = {"refused": [], "reported": []}
+        compared = [name for name in rules if name not in new_config or treatment(name) == flags.REFUSED]
+        found = {flags.REFUSED: [], flags.REPORTED: []}
         for old, new, path, names in ((old_config, new_config, self.config_path, list(new_config)),
-                                      (old_settings, settings, self.settings_path, flags)):  # fmt: skip
+                                      (old_settings, settings, self.settings_path, compared)):  # fmt: skip
             for name, a, b in _differences(old, new, names):
                 found[treatment(name)].append((name, a, b, path))
-        if found["refused"]:
+        if found[flags.REFUSED]:
             raise ValueError(
                 f"The run folder {self.path} holds a different run "
-                f"({'; '.join(f'{name}: {a!r} in {path}, {b!r} now' for name, a, b, path in found['refused'])}). "
+                f"({'; '.join(f'{name}: {a!r} in {path}, {b!r} now' for name, a, b, path in found[flags.REFUSED])}). "
                 "Use another --run-dir, or the same flags (and number of processes) as the run that made it."
             )
-        return [(name, a, b) for name, a, b, _ in found["reported"]]
+        return [(name, a, b) for name, a, b, _ in found[flags.REPORTED]]
 
     def record_segment(self, config, settings, step, now=None):
         """Adds a segment to training.json (the run's first, for a new folder): `settings` from

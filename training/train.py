@@ -29,9 +29,9 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
-from keras_transformer.config import PRESETS  # noqa: E402
 from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
-from training import backends, data, evaluate, files, shards, supervisor  # noqa: E402
+from training import backends, data, evaluate, files, supervisor  # noqa: E402
+from training.flags import MODEL_FIELDS, add_flags, apply_preset_and_check  # noqa: E402
 from training.run_folder import RunFolder, load_weights, step_of  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.selection import Selection  # noqa: E402
@@ -41,92 +41,16 @@ from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
 
 clock = time.perf_counter  # what training time is measured with (tests give it a fake)
 
-# The model settings a flag can override on top of --config (TransformerConfig's fields).
-MODEL_FLAGS = [("num_layers", int, "N, layers in the encoder and in the decoder"),
-               ("encoder_layers", int, "encoder layers (instead of --num-layers' N)"),
-               ("decoder_layers", int, "decoder layers (instead of --num-layers' N)"), ("d_model", int, "d_model"),
-               ("num_heads", int, "h, attention heads"), ("d_ff", int, "feed-forward inner width"),
-               ("dropout", float, "P_drop (residual and embedding dropout)"),
-               ("attention_dropout", float, "dropout on the attention weights"),
-               ("relu_dropout", float, "dropout inside the feed-forward network")]  # fmt: skip
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = parser.add_argument
-    add("--run-dir", required=True, help="where the tokenizer, checkpoints, logs and metrics go")
-    add("--config", default="tiny", help=f"model size and training preset: {', '.join(PRESETS)} (keras_transformer.config.PRESETS)")
-    add("--dataset", default="synthetic", help="synthetic, tfds:NAME, or a folder of text files")
-    add("--source-lang", help="source language (file suffix, or TFDS feature name)")
-    add("--target-lang", help="target language")
-    add("--dev-split", default="dev", help="file prefix of the dev split of a folder (Multi30k: val)")
-    add("--test-split", default="test", help="file prefix of the test split of a folder (Multi30k: test2016)")
-    add("--data-dir", help="TFDS data_dir (a GCS bucket on a TPU)")
-    add("--steps", type=int, help="total training steps (tiny: 600, base: 100k, big: 300k)")
-    add("--max-minutes", type=float, help="stop (with a checkpoint) once training has taken this long, resumes included")
-    add("--batch-tokens", type=int, help="source (and target) tokens per update (paper: 25000), over every device "
-        "and --accumulate-steps batch")
-    add("--accumulate-steps", type=int, default=1, help="batches whose gradients make one update, each of "
-        "batch-tokens / N tokens: the paper's batch on fewer devices (keras_transformer.config.PRESETS)")
-    add("--warmup-steps", type=int, help="section 5.3 warm-up (paper: 4000)")
-    add("--learning-rate-scale", type=float, help="a factor on the section 5.3 learning rate (paper: 1)")
-    add("--label-smoothing", type=float, default=0.1)
-    for name, kind, text in MODEL_FLAGS:
-        add(f"--{name.replace('_', '-')}", type=kind, help=f"override the config's {text}")
-    add("--vocab-size", type=int, help="SentencePiece vocabulary, an upper bound (paper: 37000)")
-    add("--tokenizer-sample", type=int, default=shards.TOKENIZER_SAMPLE,
-        help="training pairs SentencePiece learns from, drawn uniformly from the whole split")
-    add("--max-length", type=int, help="longest sentence in tokens; longer training pairs are dropped")
-    add("--steps-per-call", type=int, default=50, help="training steps per host call (one compiled loop)")
-    add("--checkpoint-every", type=int, help="steps between checkpoints")
-    add("--checkpoint-every-minutes", type=float, default=0, help="also a checkpoint each time training has taken "
-        "this many more minutes (0: none); the paper averaged the last 5 of 10-minute checkpoints")
-    add("--keep-checkpoints", type=int, default=5, help="checkpoints kept (the paper averages the last 5)")
-    add("--eval-every", type=int, default=0, help="steps between dev BLEU evaluations (0: at the end only)")
-    add("--eval-every-minutes", type=float, default=0, help="training minutes between dev BLEU evaluations "
-        "(0: none), for a learning curve against time (training.learning_curve)")
-    add("--eval-sentences", type=int, default=500, help="dev sentences for BLEU during training")
-    add("--keep-best", action="store_true", help="keep the weights of the best dev BLEU (the evaluations of --eval-every, "
-        "--eval-every-minutes and the end) in DIR/best/, outside the rotation: --checkpoint best")
-    add("--early-stop", type=int, metavar="PATIENCE", help="end training after PATIENCE dev evaluations in a row "
-        "without an improvement of --min-delta")
-    add("--min-delta", type=float, default=0.0, help="the dev BLEU an evaluation must gain on the best to improve on it "
-        "(0: any gain)")
+    add_flags(parser)
     add_decoding_flags(parser)
-    add("--backend", choices=backends.BACKENDS, help="Keras' backend (default: KERAS_BACKEND, else tensorflow)")
-    add("--strategy", default="auto", help="auto, tpu, mirrored, multiworker or cpu (JAX: auto, tpu or cpu)")
-    add("--processes", default="1", help="JAX: processes training as one, one per host: auto on a Cloud TPU pod "
-        "slice (JAX finds the rest), else their number, with --coordinator-address and --process-id")
-    add("--coordinator-address", help="JAX across hosts: HOST:PORT of process 0, reachable from the others")
-    add("--process-id", type=int, help="JAX across hosts: this process' index, 0 to --processes - 1")
-    add("--heartbeat-seconds", type=int, help="JAX across hosts: how long a silent process is waited for before the "
-        "others end (JAX's heartbeat; default: training/backends/jax.py's HEARTBEAT_SECONDS)")
-    add("--mixed-precision", action="store_true", help="bfloat16 (TensorFlow on GPU: float16 with loss scaling)")
-    add("--no-xla", action="store_true", help="run the step without XLA (for comparison)")
-    add("--no-evaluate", action="store_true", help="skip the test evaluation at the end")
-    add("--init-from", metavar="RUN[:CHECKPOINT]", help="fine-tune: start a new run from another run's checkpoint "
-        "(latest, a step, averaged or best; default latest), with its tokenizer and model (the same --config and model flags), "
-        "a fresh optimizer and these flags' schedule and data")
-    add("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.backend = args.backend or keras.config.backend()
-    if args.config not in PRESETS:
-        parser.error(f"--config {args.config!r}: choose {', '.join(PRESETS)}")
-    for name, value in PRESETS[args.config]["training"].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    positive = ("num_layers", "encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "steps", "batch_tokens",
-                "warmup_steps", "vocab_size", "max_length", "steps_per_call", "checkpoint_every", "max_minutes",
-                "tokenizer_sample", "heartbeat_seconds", "accumulate_steps")  # fmt: skip
-    for name in positive:
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    apply_preset_and_check(parser, args)
     if args.early_stop is not None and not (args.eval_every or args.eval_every_minutes):
         parser.error("--early-stop counts dev evaluations: give --eval-every or --eval-every-minutes")
-    if args.early_stop is not None and args.early_stop <= 0 or args.min_delta < 0:
-        parser.error(f"--early-stop must be positive and --min-delta >= 0, got {args.early_stop} and {args.min_delta}")
-    if args.checkpoint_every_minutes < 0:
-        parser.error(f"--checkpoint-every-minutes must be 0 (none) or positive, got {args.checkpoint_every_minutes}")
     if args.processes != "auto" and not (args.processes.isdigit() and int(args.processes) > 0):
         parser.error(f"--processes must be auto or a positive number, got {args.processes!r}")
     if args.processes not in ("1", "auto"):
@@ -227,7 +151,7 @@ def train(args, strategy=None):
                                  shares=backend.num_processes)  # fmt: skip
     origin = initial_checkpoint(args.init_from, run, backend.is_chief) if args.init_from else None
     tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief)
-    overrides = {name: getattr(args, name) for name, _, _ in MODEL_FLAGS if getattr(args, name) is not None}
+    overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
     config = TransformerConfig.preset(args.config, tokenizer.vocab_size, **overrides)
     settings = {name: getattr(args, name) for name in vars(args)}

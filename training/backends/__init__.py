@@ -12,7 +12,7 @@ The backend is Keras' (`KERAS_BACKEND`), fixed when Keras is imported.
 
 import keras
 
-BACKENDS = ("tensorflow", "jax")
+from training.flags import BACKENDS
 
 
 def current():
