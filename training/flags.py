@@ -156,7 +156,6 @@ FLAGS = (
          "optimizer and these flags' schedule and data", options=dict(metavar="RUN[:CHECKPOINT]")),  # fmt: skip
     Flag("seed", int, 0, resume=REFUSED),
 )  # fmt: skip
-FLAG = {flag.name: flag for flag in FLAGS}
 
 # The TransformerConfig fields a flag overrides.
 MODEL_FIELDS = tuple(flag.name for flag in FLAGS if flag.model)

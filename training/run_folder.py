@@ -48,8 +48,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from training import data, files
-from training import flags
+from training import data, files, flags
 from training.tokenizer import Tokenizer
 
 

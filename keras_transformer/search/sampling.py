@@ -19,7 +19,7 @@ from keras_transformer.common import BOS_ID, EOS_ID, take_per_row
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import one_output_search
 from keras_transformer.search.processors import one_value
-from keras_transformer.search.settings import OPTIONS, SearchResult, settings_with
+from keras_transformer.search.settings import INF, OPTIONS, SearchResult, settings_with
 from keras_transformer.search.top_k import token_log_probs
 
 
@@ -41,7 +41,7 @@ class SamplingSettings:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not 0 < self.temperature < float("inf") or self.top_k < 0 or not 0 < self.top_p <= 1:
+        if not 0 < self.temperature < INF or self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(
                 f"Sampling needs a finite temperature > 0, top_k >= 0 (0: every token) and 0 < top_p <= 1; got "
                 f"temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}."
