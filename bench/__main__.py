@@ -16,7 +16,7 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from export.quiet import quiet_tensorflow  # noqa: E402
+from keras_transformer.quiet import quiet_tensorflow  # noqa: E402
 
 quiet_tensorflow()
 

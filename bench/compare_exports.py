@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

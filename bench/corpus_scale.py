@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

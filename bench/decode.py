@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

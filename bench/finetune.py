@@ -18,7 +18,7 @@ import argparse
 import os
 import tempfile
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
@@ -26,6 +26,7 @@ from bench import smoke  # noqa: E402
 from bench.common import emit  # noqa: E402
 from bench.multi30k import test_split  # noqa: E402
 from training import data, evaluate, synthetic, train  # noqa: E402
+from training.recipes import MECHANICS  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 
 NEWS_TRAIN, NEWS_DEV = 2000, 500  # the test split: the rest
@@ -34,7 +35,7 @@ GENERAL = ["--config", "small", "--source-lang", "en", "--target-lang", "de", "-
 # (b) and (c): the same schedule and model selection on news dev.
 ADAPTED = ["--source-lang", "en", "--target-lang", "de", "--keep-best", "--eval-sentences", str(NEWS_DEV), "--no-xla",
            "--no-evaluate"]  # scored below, on the best checkpoint: no test evaluation of the last
-SMOKE = [*smoke.MECHANICS, "--steps", "4", "--steps-per-call", "2", "--checkpoint-every", "2", "--eval-every", "2",
+SMOKE = [*MECHANICS, "--steps", "4", "--steps-per-call", "2", "--checkpoint-every", "2", "--eval-every", "2",
          "--no-evaluate"]  # fmt: skip
 
 

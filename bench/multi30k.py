@@ -15,17 +15,17 @@ import os
 import tempfile
 import time
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
 from bench.common import emit, peak_rss_mb  # noqa: E402
-from bench import smoke  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
 from training import evaluate, learning_curve, synthetic, train  # noqa: E402
 from training.average_checkpoints import average_checkpoints  # noqa: E402
+from training.recipes import MECHANICS  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 
 AVERAGE_LAST = 5
@@ -39,8 +39,8 @@ RECIPE = ["--config", "multi30k", "--no-xla", "--max-minutes", "108", "--checkpo
 # Beam sizes and alphas tried on val after the paper's (--beam-size, --alpha); test2016 is
 # translated once, with the best of them on val.
 DECODING_GRID = ((4, 1.0), (8, 0.6), (8, 1.0))
-# The smoke mode: bench/smoke.py's recipe for mechanics, shortened, with dev points for the learning curve.
-SMOKE = ["--config", "tiny", *smoke.MECHANICS, "--steps", "6", "--steps-per-call", "2", "--checkpoint-every", "2",
+# The smoke mode: training/recipes.py MECHANICS, shortened, with dev points for the learning curve.
+SMOKE = ["--config", "tiny", *MECHANICS, "--steps", "6", "--steps-per-call", "2", "--checkpoint-every", "2",
          "--eval-every-minutes", "0.001"]  # fmt: skip
 # The test split's file names: ours, then the Multi30k repository's.
 TEST_SPLITS = ("test2016", "test_2016_flickr")

@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

@@ -14,7 +14,7 @@ counted from the config, backward = 2x forward) over the matmul's. A process a r
 import argparse
 import sys
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

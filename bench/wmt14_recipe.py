@@ -18,15 +18,15 @@ import sys
 import tempfile
 import time
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
-from bench import smoke  # noqa: E402
 from bench.common import emit, peak_rss_mb  # noqa: E402
 from keras_transformer.config import PRESETS, paper_accumulate_steps  # noqa: E402
 from training import evaluate, synthetic, train  # noqa: E402
 from training.average_checkpoints import average_checkpoints  # noqa: E402
+from training.recipes import MECHANICS  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 
 DATASET = "tfds:wmt14_translate/de-en"  # test: newstest2014, 3,003 lines; dev: newstest2013
@@ -93,8 +93,8 @@ def main(argv=None):
             data = stand_in_folder(args.data, scratch)
         flags = [*train_flags(args.config, args.devices, data, checkpoint_minutes=round(args.max_minutes / 6, 3)),
                  *CPU_CHANGES, "--max-minutes", str(args.max_minutes)]  # fmt: skip
-        if args.smoke:  # the tiny model for seconds: bench/smoke.py's mechanics recipe
-            flags = [*flags, "--config", "tiny", *smoke.MECHANICS, "--steps", "8", "--batch-tokens", "1024",
+        if args.smoke:  # the tiny model for seconds: training/recipes.py MECHANICS
+            flags = [*flags, "--config", "tiny", *MECHANICS, "--steps", "8", "--batch-tokens", "1024",
                      "--checkpoint-every", "8"]  # fmt: skip
         print("python -m training.train --run-dir", run_dir, " ".join(flags), flush=True)
         start = time.perf_counter()

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 # The served graph is TensorFlow's, whichever backend trained the run. Set before TensorFlow is
 # imported: importing it imports Keras, which fixes its backend then.

@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

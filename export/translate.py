@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 os.environ["KERAS_BACKEND"] = "tensorflow"  # a SavedModel runs on TensorFlow (as in export/__main__.py)
 quiet_tensorflow()

@@ -1,6 +1,6 @@
-"""The test suite's shared artifacts: made once from bench/smoke.py's recipe, by the commands a
-user runs, and read by every test that needs a trained run or an export (and, through the
-environment, by the subprocesses and the benchmarks' smoke modes that tests start).
+"""The test suite's shared artifacts: made once from training/recipes.py's tiny recipes, by the
+commands a user runs, and read by every test that needs a trained run or an export (and, through
+the environment, by the subprocesses and the benchmarks' smoke modes that tests start).
 
     tensorflow/           `python -m training.train` with the recipe, dev BLEU every 80 steps
                           on 20 sentences and test BLEU at the end, every checkpoint kept
@@ -41,11 +41,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench import smoke  # noqa: E402
+from training.recipes import MECHANICS, TINY  # noqa: E402
 
 VARIABLE = "KERAS_TRANSFORMER_TEST_ARTIFACTS"
 # What the artifacts are made of: a change to any of these makes them anew.
-SOURCES = ("keras_transformer", "training", "export", "bench/smoke.py", "tests/artifacts.py", "tests/backend_worker.py")
+SOURCES = ("keras_transformer", "training", "export", "tests/artifacts.py", "tests/backend_worker.py")
 PACKAGES = ("tensorflow", "keras", "jax", "jaxlib", "tensorflow-text", "sentencepiece", "numpy", "sacrebleu")
 TIMEOUT_SECONDS = 900  # each process that makes an artifact ends by itself within this
 # The TensorFlow run's evaluation during training (the recipe's test BLEU comes at the end), and
@@ -124,8 +124,8 @@ def _make(folder):
     train = [sys.executable, "-m", "training.train"]
     this = [sys.executable, os.path.abspath(__file__)]
     running = [
-        _start(folder, "tensorflow", [*train, *smoke.TRAINING, "--run-dir", artifacts.tf_run, *EVALUATION]),
-        _start(folder, "jax", [*train, *smoke.MECHANICS, "--run-dir", artifacts.jax_run, "--backend", "jax", "--no-evaluate"]),
+        _start(folder, "tensorflow", [*train, *TINY, "--run-dir", artifacts.tf_run, *EVALUATION]),
+        _start(folder, "jax", [*train, *MECHANICS, "--run-dir", artifacts.jax_run, "--backend", "jax", "--no-evaluate"]),
         _start(folder, "reversal", [*this, "reversal", artifacts.reversal]),
     ]
     # Each next part starts once what it reads is made: the JAX run and the reversal model come

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench.smoke import MECHANICS  # noqa: E402
+from training.recipes import MECHANICS  # noqa: E402
 
 # Must happen before TensorFlow initialises its devices: tests of MirroredStrategy need two.
 tf.config.set_logical_device_configuration(

@@ -1,11 +1,22 @@
-"""The project's modules import each other without a cycle, counting imports inside functions
-too (one of those hides a cycle that a change of import order would expose)."""
+"""The project's folders form layers, and its modules import each other without a cycle, counting
+imports inside functions too (one of those hides a cycle that a change of import order would
+expose)."""
 
 import ast
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("keras_transformer", "training", "export", "bench")
+PACKAGES = ("keras_transformer", "training", "export", "bench", "tests")
+
+# What each folder may import of the others. The library is the bottom layer; training and export
+# stand on it; export reads training's run folder (and learns its shortlist when it has none).
+MAY_IMPORT = {
+    "keras_transformer": (),
+    "training": ("keras_transformer",),
+    "export": ("keras_transformer", "training.run_folder", "training.shortlist"),
+    "bench": ("keras_transformer", "training", "export"),
+    "tests": PACKAGES,
+}
 
 
 def _modules():
@@ -39,6 +50,17 @@ def _graph():
     return {module: _imports(path, modules) - {module} for module, path in modules.items()}
 
 
+def _crossings(graph):
+    """(module, imported) for each import of `graph` that MAY_IMPORT does not allow."""
+    def allowed(module, imported):
+        folder = module.split(".")[0]
+        return imported.split(".")[0] == folder or any(
+            imported == layer or imported.startswith(layer + ".") for layer in MAY_IMPORT[folder])
+
+    return sorted((module, imported) for module, imports in graph.items() for imported in imports
+                  if not allowed(module, imported))  # fmt: skip
+
+
 def _cycle(graph):
     """A cycle of `graph` (module -> the modules it imports) as a list, or None."""
     state = {}  # module -> "open" while on the path, "done" after
@@ -66,6 +88,17 @@ def test_no_module_imports_one_that_imports_it_back():
     # The check finds a cycle where there is one.
     assert _cycle({**graph, "keras_transformer.search.settings": graph["keras_transformer.search.settings"]
                    | {"keras_transformer.search.processing"}}) is not None  # fmt: skip
+
+
+def test_each_folder_imports_only_the_layers_below_it():
+    graph = _graph()
+    assert _crossings(graph) == []
+    assert "training.run_folder" in graph["export.saved_model"]  # (one crossing the layers allow)
+    # The check sees a crossing where there is one.
+    crossing = {"training.train": graph["training.train"] | {"export.signatures"},
+                "keras_transformer.model": graph["keras_transformer.model"] | {"tests.artifacts"}}  # fmt: skip
+    assert _crossings({**graph, **crossing}) == [("keras_transformer.model", "tests.artifacts"),
+                                                 ("training.train", "export.signatures")]  # fmt: skip
 
 
 def test_translating_with_an_export_imports_nothing_of_training():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bench.smoke import MECHANICS
+from training.recipes import MECHANICS
 from conftest import (ACCUMULATION_CONFIG, CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT, WORKER, accumulation_batches,
                       assert_accumulation_is_exact, run_under)
 from keras_transformer import Transformer, TransformerConfig
@@ -101,7 +101,7 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
     """What one JAX process (two host devices) did and printed, in order: the steps of
     JAX_STEPS; SGD updates on the accumulation batches (ACCUMULATION_RUNS: one each of a, b,
     their union and a+b accumulated, on one device and on two; three of the union and of a+b); a
-    run of bench/smoke.py's MECHANICS that crashes while saving, resumed; the shared JAX run
+    run of training/recipes.py's MECHANICS that crashes while saving, resumed; the shared JAX run
     (averaged here, under TensorFlow) evaluated; a run on ram:// trained, resumed and averaged;
     conftest's CLOCKED run on a fake clock; greedy and beam search of a run that `python -m
     training.train --backend jax` trained on 8 pairs; and a run started from the suite's

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from bench.common import held_port
-from bench.smoke import MECHANICS
+from training.recipes import MECHANICS
 from conftest import ROOT, WORKER
 from keras_transformer import Transformer
 from training.run_folder import RunFolder
 from training.supervisor import EXIT_LOST, JAX_FATAL, MARKER
 
-# bench/smoke.py's recipe for mechanics, shorter.
+# training/recipes.py's MECHANICS, shorter.
 FLAGS = [*MECHANICS, "--steps", "24", "--checkpoint-every", "4", "--no-evaluate"]
 # The uninterrupted run, its one-process reference and the killed run make each update from two
 # batches, so that accumulation across processes and its resume are checked too (MECHANICS'

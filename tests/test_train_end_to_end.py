@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from bench.smoke import MECHANICS, TRAINING
+from training.recipes import MECHANICS, TINY
 from conftest import CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT
 from training.run_folder import RunFolder
 
@@ -41,7 +41,7 @@ def test_training_killed_with_sigkill_resumes_where_it_stopped(artifacts, tmp_pa
     resumed = tmp_path / "resumed"
     os.makedirs(resumed)
     shutil.copy(os.path.join(straight, "tokenizer.model"), resumed / "tokenizer.model")
-    flags = ["--run-dir", str(resumed), *TRAINING, "--steps", "40", "--no-evaluate"]  # its first 40 steps
+    flags = ["--run-dir", str(resumed), *TINY, "--steps", "40", "--no-evaluate"]  # its first 40 steps
 
     # Killed as soon as the run announces its checkpoint at step 20.
     process = subprocess.Popen(["timeout", "600", sys.executable, "-m", "training.train", *flags], cwd=ROOT,
@@ -316,7 +316,7 @@ def test_a_run_folder_of_older_code_resumes_with_another_warmup_which_is_reporte
     older = {name: value for name, value in run.settings().items() if name not in ("backend", "processes")}
     run.write_json(run.settings_path, older)
     capsys.readouterr()
-    train.main(["--run-dir", str(folder), *TRAINING, "--steps", "164", "--warmup-steps", "50", "--no-evaluate"])
+    train.main(["--run-dir", str(folder), *TINY, "--steps", "164", "--warmup-steps", "50", "--no-evaluate"])
     out = capsys.readouterr().out
     assert f"Resumed with warmup_steps 50 (it was {older['warmup_steps']}): the run follows it from step 160 on." in out
     assert out.index("Resumed with warmup_steps") < out.index("Saved checkpoint")

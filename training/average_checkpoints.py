@@ -9,7 +9,7 @@ use the average while it is newer than every training checkpoint.
 import argparse
 import os
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

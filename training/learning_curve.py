@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

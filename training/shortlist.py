@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 

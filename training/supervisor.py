@@ -130,7 +130,7 @@ def _who_stopped(report, num_processes):
 
 def _resume_lines(run_dir):
     """Where a rerun resumes: the newest complete checkpoint in the run folder (any file system)."""
-    from export.quiet import quiet_tensorflow
+    from keras_transformer.quiet import quiet_tensorflow
 
     quiet_tensorflow()
     from training.run_folder import RunFolder

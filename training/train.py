@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from export.quiet import quiet_tensorflow
+from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
