@@ -54,7 +54,7 @@ def write_warmup_requests(path, tokenizer, max_source_length, settings, seed=0, 
             text = _made_up_text(tokenizer, rng, batch, *longest)
             request = predict_pb2.PredictRequest()
             request.model_spec.signature_name = signature.name
-            for name, values in {"text": text, **signature.warmup(text, settings)}.items():
+            for name, values in signature.warmup(text, settings).items():
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())

@@ -23,9 +23,9 @@ import os
 
 import tensorflow as tf
 
-from export.signatures import MAX_SAMPLES, SIGNATURES
+from export.signatures import SIGNATURES
 from keras_transformer.common import NEG_INF, PAD_ID
-from keras_transformer.search import OPTION, OPTIONS, DecodingSettings, Execution, alignments, decode, sample_search
+from keras_transformer.search import OPTIONS, DecodingSettings, Execution, alignments, decode, sample_search
 from keras_transformer.search import score as score_translations
 from keras_transformer.search.input_length import cut
 from keras_transformer.search.loop import graph_function
@@ -87,8 +87,9 @@ class Translator(tf.Module):
         # Outputs of the `options` signature have at most the export's limit for its longest source.
         self.longest_output = int(settings.max_length_a * model.config.max_length) + settings.max_length_b
         for signature in SIGNATURES:  # its method: an input with an option defaults to the export's value
-            defaults = [self._default(tensor.option) for tensor in signature.inputs if tensor.option is not None]
-            setattr(self, signature.method, with_defaults(getattr(self, "_" + signature.method), signature.specs(), defaults))
+            method = self._checked(getattr(self, "_" + signature.method), signature.inputs)
+            defaults = [self._default(row.option) for row in signature.inputs if row.option is not None]
+            setattr(self, signature.method, with_defaults(method, signature.specs(), defaults))
 
     def _translate(self, text):
         result = self._translate_ids(self._source_ids(text))
@@ -111,20 +112,13 @@ class Translator(tf.Module):
         }
 
     def _n_best(self, text, n):
-        k = self.settings.beam_size
-        n = _per_sentence(n, "n", text)
-        checks = [
-            tf.debugging.assert_greater_equal(n, 1, message=f"n must be 1 to the beam size, {k}"),
-            tf.debugging.assert_less_equal(n, k, message=f"n must be 1 to the beam size, {k}"),
-        ]
-        with tf.control_dependencies(checks):
-            # The beam's k best, all final; their first n are the n best.
-            result = self._search(dataclasses.replace(self.settings, num_hypotheses=k), self._source_ids(text))
-        return self._lists(result, n)
+        # The beam's k best, all final; their first n are the n best.
+        settings = dataclasses.replace(self.settings, num_hypotheses=self.settings.beam_size)
+        return self._lists(self._search(settings, self._source_ids(text)), n)
 
     def _prefix(self, text, prefix):
         source_ids = self._source_ids(text)
-        prefix_ids = self.tokenizer.tokenize(_clean(_per_sentence(prefix, "prefix", text))).to_tensor()  # [batch, p]
+        prefix_ids = self.tokenizer.tokenize(_clean(prefix)).to_tensor()  # [batch, p]
         limit, _ = length_limits(self.model, source_ids, self.settings, None)  # [batch]
         pieces = tf.reduce_sum(tf.cast(prefix_ids != PAD_ID, tf.int32), axis=1)
         message = (f"prefix has more pieces than a translation of its sentence may have (max_length_a "
@@ -134,48 +128,31 @@ class Translator(tf.Module):
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
     def _sample(self, text, samples, temperature, top_k, top_p, seed):
-        values = {"samples": samples, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
-        samples, temperature, top_k, top_p, seed = (_per_sentence(value, name, text) for name, value in values.items())
-        checks = [
-            tf.debugging.assert_greater_equal(samples, 1, message=f"samples must be 1 to {MAX_SAMPLES}"),
-            tf.debugging.assert_less_equal(samples, MAX_SAMPLES, message=f"samples must be 1 to {MAX_SAMPLES}"),
-            tf.debugging.assert_positive(temperature, message="temperature must be > 0 and finite"),
-            tf.debugging.assert_less(temperature, float("inf"), message="temperature must be > 0 and finite"),
-            tf.debugging.assert_non_negative(top_k, message="top_k must be >= 0 (0: every token)"),
-            tf.debugging.assert_positive(top_p, message="top_p must be in (0, 1]"),
-            tf.debugging.assert_less_equal(top_p, 1.0, message="top_p must be in (0, 1]"),
-        ]
-        with tf.control_dependencies(checks):
-            width = tf.reduce_max(tf.concat([samples, [0]], axis=0))
-            result = self._sampled(self._source_ids(text), seed, temperature, top_k, top_p, width)
+        width = tf.reduce_max(tf.concat([samples, [0]], axis=0))
+        result = self._sampled(self._source_ids(text), seed, temperature, top_k, top_p, width)
         return self._lists(result, samples)
 
     def _options(self, text, *values):
         """`serving_default` with the decoding options of `OPTIONS`, each a value per sentence
         (or one for all); the export's where a request gives none."""
         source_ids = self._source_ids(text, max_length=None)  # cut below, at the request's limit or the model's
-        options, checks = {}, []
-        for option, value in zip(OPTIONS, values):
-            value = _per_sentence(value, option.name, text, broadcast=True)
-            checks += self._checks(option, value)
-            options[option.name] = self._pieces_of_phrases(value) if option.kind.tokenized else value
-        with tf.control_dependencies(checks):
-            limit = options.pop("max_input_length")
-            limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
-            source_ids, was_cut = cut(source_ids, limit)  # cut here, not again per slice
-            result = self._search_with_options(_trimmed(source_ids), options)
+        options = {option.name: self._pieces_of_phrases(value) if option.kind.tokenized else value
+                   for option, value in zip(OPTIONS, values)}  # fmt: skip
+        limit = options.pop("max_input_length")
+        limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
+        source_ids, was_cut = cut(source_ids, limit)  # cut here, not again per slice
+        result = self._search_with_options(_trimmed(source_ids), options)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores, "cut": was_cut}
 
     def _score(self, text, target, alpha):
         source_ids = self._source_ids(text)
-        target_ids = self._source_ids(_per_sentence(target, "target", text))  # its pieces and the end of sentence
-        alpha = _per_sentence(alpha, "alpha", text, broadcast=True)
+        target_ids = self._source_ids(target)  # its pieces and the end of sentence
+
         def scored(source_ids, target_ids, alpha):  # a slice's, trimmed to its own longest source and target
             return score_translations(self.model, _trimmed(source_ids), _trimmed(target_ids), alpha)
 
         specs = [IDS_SPEC, IDS_SPEC, tf.TensorSpec([None], tf.float32)]
-        with tf.control_dependencies(self._checks(OPTION["alpha"], alpha)):
-            result = in_parallel(self._function("score", scored, specs), (source_ids, target_ids, alpha), self.searches)
+        result = in_parallel(self._function("score", scored, specs), (source_ids, target_ids, alpha), self.searches)
         return {"log_prob": result.log_prob, "score": result.score, "token_log_probs": result.token_log_probs,
                 "length": result.length}  # fmt: skip
 
@@ -188,15 +165,28 @@ class Translator(tf.Module):
             return tf.zeros([1, 0], tf.string)
         return self.tokenizer.detokenize(tf.ragged.constant([list(sequence) for sequence in value]))[None]
 
-    def _checks(self, option, value):
-        """Assertions that `value` is valid for `option`, whose InvalidArgument names it."""
-        if option.check is None:
+    def _checked(self, method, inputs):
+        """`method` with its inputs (rows of `INPUTS`) checked before it runs: each after the first
+        holds a value per sentence of the first (an option's: or one for all, repeated) and is
+        valid by its row, or the request is an InvalidArgument that names it, before any search."""
+
+        def checked(first, *values):
+            first = _of_its_rank(first, inputs[0].name)
+            values = [_per_sentence(value, row.name, first, inputs[0].name, broadcast=row.option is not None)
+                      for row, value in zip(inputs[1:], values)]  # fmt: skip
+            with tf.control_dependencies([check for row, value in zip(inputs[1:], values) for check in self._checks(row, value)]):
+                return method(*(tf.identity(value) for value in (first, *values)))
+
+        return checked
+
+    def _checks(self, row, value):
+        """Assertions that `value` is valid for the input `row`, whose InvalidArgument names it."""
+        if row.check is None:
             return []
-        valid, valid_text = option.check(value), option.valid
-        if option.export_bound:
-            export_value = getattr(self.settings, option.name)
-            valid, valid_text = valid & (value <= export_value), f"{valid_text}: at most {export_value} in this export"
-        return [tf.debugging.Assert(tf.reduce_all(valid), [f"{option.name} must be {valid_text}"])]
+        valid, most = row.check(value), getattr(self.settings, row.bound) if row.bound else None
+        if most is not None:
+            valid &= value <= most
+        return [tf.debugging.Assert(tf.reduce_all(valid), [f"{row.name} must be {row.valid_text(most)}"])]
 
     def _pieces_of_phrases(self, phrases):
         """Strings `[batch, s]` -> their pieces, int32 `[batch, s, pieces]` (padded with 0). A phrase
@@ -232,7 +222,7 @@ class Translator(tf.Module):
     def _source_ids(self, text, max_length=-1):
         """Text `[batch]` -> ids `[batch, length]` cut at `max_length` tokens (default: the
         model's; None: not cut)."""
-        text = _clean(tf.ensure_shape(text, [None], name="text_must_be_a_vector_of_strings"))
+        text = _clean(text)
         max_length = self.model.config.max_length if max_length == -1 else max_length
         return self.tokenizer.encode_source(text, max_length).to_tensor()
 
@@ -283,17 +273,23 @@ def _clean(text):
     return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
 
 
-def _per_sentence(values, name, text, broadcast=False):
-    """Input `name`'s `values` checked to have the signature's shape (TF Serving feeds any shape it
-    is sent; Python callers are checked against the signature) and one value per sentence of
-    `text` (with `broadcast`, or one for all, which is repeated), with errors that name the input."""
-    kind = "vector" if len(values.shape) == 1 else "matrix"
-    values = tf.ensure_shape(values, [None] * len(values.shape), name=f"{name}_must_be_a_{kind}_of_{values.dtype.name}")
-    rows, batch = tf.shape(values)[0], tf.size(text)
+def _of_its_rank(values, name):
+    """Input `name`'s `values` checked to have the signature's rank (TF Serving feeds any shape it
+    is sent; Python callers are checked against the signature), with an error that names it."""
+    kind = {1: "vector", 2: "matrix"}.get(len(values.shape), f"rank_{len(values.shape)}_tensor")
+    return tf.ensure_shape(values, [None] * len(values.shape), name=f"{name}_must_be_a_{kind}_of_{values.dtype.name}")
+
+
+def _per_sentence(values, name, first, first_name, broadcast=False):
+    """Input `name`'s `values` checked to have the signature's rank and one value per sentence of
+    the first input, `first`, named `first_name` (with `broadcast`, or one for all, which is
+    repeated), with errors that name the input."""
+    values = _of_its_rank(values, name)
+    rows, batch = tf.shape(values)[0], tf.shape(first)[0]
     if broadcast:
         values = tf.cond(tf.equal(rows, 1), lambda: tf.repeat(values, batch, axis=0), lambda: values)
         rows = tf.shape(values)[0]
-    message = f"{name} must hold one value per sentence of text" + (" (or one for all)" if broadcast else "")
+    message = f"{name} must hold one value per sentence of {first_name}" + (" (or one for all)" if broadcast else "")
     with tf.control_dependencies([tf.debugging.assert_equal(rows, batch, message=message)]):
         return tf.identity(values)
 

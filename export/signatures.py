@@ -1,97 +1,161 @@
-"""The SavedModel's signatures, each declared once, in `SIGNATURES`: its inputs besides `text` (with
-the defaults a request may leave out and the values of the warm-up requests), its outputs, and how
-`python -m export.translate` asks for it and prints what it returns. The served module
-(`export.serving.Translator`: the method behind each), the warm-up requests
-(`export.saved_model`), export.translate and export/README.md's tables are made from them, so a
-new signature is its method, its declaration here, and its test.
+"""The SavedModel's signatures and the inputs a request may set, each declared once.
+
+`INPUTS` is the table of request inputs: the text, `n`, the sampling inputs, `prefix`, `target`
+and the decoding options (`OPTIONS`), a row each, with its kind (dtype and rank), its check, its
+bound in an export, its default and its warm-up value. `SIGNATURES` declares each signature: its
+inputs (rows of `INPUTS`), its outputs, and how `python -m export.translate` asks for it and
+prints what it returns. The served module (`export.serving.Translator`: the method behind each,
+the inputs' checks and defaults), the warm-up requests (`export.saved_model`),
+export.translate and export/README.md's tables (`python -m export.signatures`) are made from
+them, so a new signature is its method, its declaration here, and its test.
 """
 
 import dataclasses
 import json
 import os
+import re
 import sys
 
-import numpy as np
-import tensorflow as tf
+from keras_transformer.quiet import quiet_tensorflow
 
-from keras_transformer.search import OPTION, OPTIONS, SamplingSettings
+quiet_tensorflow()  # `python -m export.signatures` is a command
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from keras_transformer.search import OPTIONS, SAMPLING_OPTIONS  # noqa: E402
+from keras_transformer.search.settings import INT32, Kind  # noqa: E402
 
 # Samples a request may ask for each sentence: each is a search of its own, and memory grows with them.
 MAX_SAMPLES = 100
+STRING = Kind(str, "string")
 
 
 @dataclasses.dataclass(frozen=True)
-class Tensor:
-    """An input or an output of a signature.
+class Input:
+    """An input a request may set: one row of `INPUTS`.
 
     Args:
-        name: its key in requests and results.
-        dtype: "string", "int32", "float32" or "bool".
+        name: its key in requests.
+        kind: a `Kind` (keras_transformer/search/settings.py): its dtype and rank as served.
         doc: what it holds, for export/README.md.
-        rank: its axes, each of any size; the first is the sentence's (`shape` may name the others
-            for the README).
-        option: the decoding option (`OPTIONS`) it sets: a request that leaves it out gets the
-            export's value, which the SavedModel records as the input's default.
-        warmup: an input's value for every sentence of the warm-up requests (None: the request's text).
+        valid: the values allowed, in words, for errors and export/README.md ("": any).
+        check: values -> bool, elementwise, for NumPy arrays and tensors alike (None: any value).
+        bound: the field of the export's `DecodingSettings` that is its most (n: `beam_size`).
+        option: the decoding option it sets (`OPTIONS`): a request that leaves it out gets the
+            export's value, which the SignatureDef records as its default, and one value may
+            stand for every sentence. Without one, the input is a value for each sentence.
+        warmup: its value for each sentence of a warm-up request (None: the request's text).
     """
+
+    name: str
+    kind: Kind
+    doc: str = ""
+    valid: str = ""
+    check: object = None
+    bound: str = ""
+    option: object = None
+    warmup: object = None
+
+    @property
+    def spec(self):
+        return tf.TensorSpec([None] * self.kind.served_rank, self.kind.served_dtype, name=self.name)
+
+    def check_value(self, value, name, most=None):
+        """Raises ValueError naming `name` (a flag) unless `value` is valid, and at most `most`."""
+        if self.check is not None and not (np.all(self.check(np.asarray(value))) and (most is None or value <= most)):
+            raise ValueError(f"{name} must be {self.valid_text(most)}; got {value!r}.")
+
+    def valid_text(self, most=None):
+        return self.valid if most is None else f"{self.valid}: at most {most} in this export"
+
+    def row(self):
+        shape = "[None]" if self.kind.served_rank == 1 else "[None, None]"
+        doc = self.doc
+        if self.option is not None:
+            default = "none" if self.option.default == () else str(self.option.default).lower()
+            doc += f" (default {default}; {self.valid})"
+        elif self.valid:
+            doc += f" ({self.valid})"
+        return f"| input | `{self.name}` | `tf.{self.kind.served_dtype}` | `{shape}`{': ' + doc if doc else ''} |"
+
+
+def option_input(option, exported=True):
+    """The input of a decoding (or sampling) option: its check and help, its example in warm-ups;
+    with `exported`, the export's value when a request leaves it out."""
+    return Input(option.name, option.kind, option.help, option.valid, option.check,
+                 bound=option.name if option.export_bound else "", option=option if exported else None,
+                 warmup=option.kind.served(option.example))  # fmt: skip
+
+
+INPUTS = (
+    Input("text", STRING),
+    Input("n", INT32, "for each sentence, how many of its best translations", "1 to the beam size", lambda v: v >= 1,
+          bound="beam_size", warmup=np.int32(1)),
+    Input("samples", INT32, "for each sentence, how many translations to draw", f"1 to {MAX_SAMPLES}",
+          lambda v: (v >= 1) & (v <= MAX_SAMPLES), warmup=np.int32(1)),
+    *(option_input(option, exported=False) for option in SAMPLING_OPTIONS),
+    Input("seed", INT32, "for each sentence, the seed its samples are a function of", warmup=np.int32(0)),
+    Input("prefix", STRING, 'for each sentence, the start of its translation; `""` for none', warmup=b""),
+    Input("target", STRING, "a translation of each sentence"),
+    *(option_input(option) for option in OPTIONS),
+)  # fmt: skip
+INPUT = {row.name: row for row in INPUTS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """An output of a signature: its key in results, dtype ("string", "int32", "float32" or
+    "bool"), what it holds (for export/README.md) and its axes (the first is the sentence's;
+    `shape` may name the others for the README)."""
 
     name: str
     dtype: str
     doc: str = ""
     rank: int = 1
     shape: str = ""
-    option: object = None
-    warmup: object = None
 
-    @property
-    def spec(self):
-        return tf.TensorSpec([None] * self.rank, self.dtype, name=self.name)
-
-    def row(self, kind):
-        shape = self.shape or ("[None]" if self.rank == 1 else "[None, None]")
-        return f"| {kind} | `{self.name}` | `tf.{self.dtype}` | `{shape}`{': ' + self.doc if self.doc else ''} |"
+    def row(self):
+        shape = self.shape or "[" + ", ".join(["None"] * self.rank) + "]"
+        return f"| output | `{self.name}` | `tf.{self.dtype}` | `{shape}`{': ' + self.doc if self.doc else ''} |"
 
 
-def option_input(option):
-    """The `options` signature's input for a decoding option: a value per sentence of its kind's
-    served form, the option's example in warm-ups."""
-    default = "none" if option.default == () else str(option.default).lower()
-    kind = option.kind
-    return Tensor(option.name, kind.served_dtype, f"{option.help} (default {default}; {option.valid})",
-                  rank=kind.served_rank, option=option, warmup=kind.served(option.example))  # fmt: skip
-
-
-TEXT = Tensor("text", "string")
-TRANSLATION = Tensor("translation", "string")
-SCORE = Tensor("score", "float32", "log-probability / length penalty")
+TRANSLATION = Output("translation", "string")
+SCORE = Output("score", "float32", "log-probability / length penalty")
 
 
 class Signature:
     """A signature: `name` (the SignatureDef's key), `method` (the `Translator` method behind it,
-    also the loaded module's), `inputs` (`Tensor`s after `text`; those with an `option` last),
-    `outputs`; and for export.translate, the methods below."""
+    also the loaded module's), `inputs` (rows of `INPUTS`, in the method's order: the first
+    gives the batch, those with an `option` last), `outputs`; and for export.translate, the
+    methods below."""
 
     name = method = ""
-    inputs = outputs = ()
+    inputs = (INPUT["text"],)
+    outputs = ()
 
     def specs(self):
-        return [TEXT.spec, *(tensor.spec for tensor in self.inputs)]
+        return [row.spec for row in self.inputs]
 
     def warmup(self, text, settings):
-        """The inputs besides `text` of a warm-up request of `text` (a NumPy array of strings) to
-        an export of `settings`."""
-        return {t.name: text if t.warmup is None else np.stack([t.warmup] * len(text)) for t in self.inputs}
+        """The inputs of a warm-up request of `text` (a NumPy array of strings) to an export of
+        `settings`: each row's warm-up value, within the export's bounds."""
+        inputs = {}
+        for row in self.inputs:
+            value = text if row.warmup is None else np.stack([row.warmup] * len(text))
+            inputs[row.name] = np.minimum(value, getattr(settings, row.bound)) if row.bound else value
+        return inputs
 
     def table(self):
         """export/README.md's table of its inputs and outputs."""
         rows = ["| | name | dtype | shape |", "| --- | --- | --- | --- |"]
-        rows += [t.row("input") for t in (TEXT, *self.inputs)] + [t.row("output") for t in self.outputs]
+        rows += [row.row() for row in (*self.inputs, *self.outputs)]
         return "\n".join(rows) + "\n"
 
     # export.translate: the flag that asks for it (its name and argparse keywords; `group` holds
     # the flags of which one may be given), whether the flags ask for it, the checks made before
-    # the model is loaded (ValueError; what requests need is read into `args`), a batch's inputs
-    # besides `text`, and the lines printed for a result (NumPy arrays).
+    # the model is loaded (ValueError; what requests need is read into `args`), a batch's inputs,
+    # and the lines printed for a result (NumPy arrays).
     flag = None
 
     def add_flags(self, parser, group):
@@ -105,7 +169,7 @@ class Signature:
         pass
 
     def request(self, args, batch, start):
-        return {}
+        return {"text": batch}
 
     def lines(self, result, start, args):
         for translation, score in zip(result["translation"], result["score"]):
@@ -132,18 +196,16 @@ class Translate(Signature):
 class NBest(Signature):
     name = method = "n_best"
     flag = ("--n-best", dict(type=int, help="print each sentence's N best translations, with their scores"))
-    inputs = (Tensor("n", "int32", "for each sentence, 1 to the export's beam size", warmup=np.int32(1)),)
-    outputs = (Tensor("translations", "string", "as many columns as the largest n", rank=2),
-               Tensor("scores", "float32", rank=2))  # fmt: skip
+    inputs = (INPUT["text"], INPUT["n"])
+    outputs = (Output("translations", "string", "as many columns as the largest n", rank=2),
+               Output("scores", "float32", rank=2))  # fmt: skip
 
     def prepare(self, args, export_dir, sentences):
         with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
-            beam_size = json.load(f)["beam_size"]
-        if not 1 <= args.n_best <= beam_size:
-            raise ValueError(f"--n-best {args.n_best}: {export_dir} searches with a beam of {beam_size}, so 1 to {beam_size}.")
+            INPUT["n"].check_value(args.n_best, "--n-best", most=json.load(f)["beam_size"])
 
     def request(self, args, batch, start):
-        return {"n": _fill(batch, args.n_best)}
+        return {"text": batch, "n": _fill(batch, args.n_best)}
 
     def lines(self, result, start, args):
         return _lists(result, start)
@@ -154,12 +216,12 @@ class Alignments(Signature):
     flag = ("--alignments", dict(action="store_true", help="print each translation's alignment to its source pieces"))
     outputs = (
         TRANSLATION, SCORE,
-        Tensor("source_pieces", "string", "the SentencePiece pieces the model read, its end of sentence `</s>` last, "
+        Output("source_pieces", "string", "the SentencePiece pieces the model read, its end of sentence `</s>` last, "
                'padded with `""`', rank=2),
-        Tensor("source_length", "int32"),
-        Tensor("target_pieces", "string", 'the translation\'s pieces, padded with `""`', rank=2),
-        Tensor("target_length", "int32"),
-        Tensor("attention", "float32", "each target piece's row sums to 1 over the source pieces, 0 on padding", rank=3,
+        Output("source_length", "int32"),
+        Output("target_pieces", "string", 'the translation\'s pieces, padded with `""`', rank=2),
+        Output("target_length", "int32"),
+        Output("attention", "float32", "each target piece's row sums to 1 over the source pieces, 0 on padding", rank=3,
                shape="[None, target, source]"),
     )  # fmt: skip
 
@@ -174,43 +236,35 @@ class Alignments(Signature):
 class Prefix(Signature):
     name = method = "prefix"
     flag = ("--prefix", dict(help="the start each translation must have"))
-    inputs = (Tensor("prefix", "string", 'for each sentence, the start of its translation; `""` for none', warmup=b""),)
+    inputs = (INPUT["text"], INPUT["prefix"])
     outputs = (TRANSLATION, SCORE)
 
     def request(self, args, batch, start):
-        return {"prefix": _fill(batch, args.prefix)}
+        return {"text": batch, "prefix": _fill(batch, args.prefix)}
 
 
 class Sample(Signature):
     name = method = "sample"
     flag = ("--sample", dict(type=int, help="print N translations of each sentence drawn at random, with their scores"))
-    inputs = (
-        Tensor("samples", "int32", f"for each sentence, how many translations to draw, 1 to {MAX_SAMPLES}", warmup=np.int32(1)),
-        Tensor("temperature", "float32", "> 0 and finite; the logits are divided by it (below 1: closer to greedy)", warmup=np.float32(1)),
-        Tensor("top_k", "int32", "draw among the k most likely tokens; 0 for all (1 is greedy search)", warmup=np.int32(0)),
-        Tensor("top_p", "float32", "draw among the most likely tokens that first hold p of the probability, in (0, 1]",
-               warmup=np.float32(1)),
-        Tensor("seed", "int32", warmup=np.int32(0)),
-    )  # fmt: skip
-    outputs = (Tensor("translations", "string", 'as many columns as the largest `samples`, padded with `""`', rank=2),
-               Tensor("scores", "float32", "the model's own log-probability / length penalty of each, -1e9 on padding", rank=2))  # fmt: skip
+    inputs = (INPUT["text"], INPUT["samples"], *(INPUT[option.name] for option in SAMPLING_OPTIONS), INPUT["seed"])
+    outputs = (Output("translations", "string", 'as many columns as the largest `samples`, padded with `""`', rank=2),
+               Output("scores", "float32", "the model's own log-probability / length penalty of each, -1e9 on padding", rank=2))  # fmt: skip
 
     def add_flags(self, parser, group):
         super().add_flags(parser, group)
-        sampling, defaults = parser.add_argument_group("sampling (with --sample)"), SamplingSettings()
-        sampling.add_argument("--temperature", type=float, default=defaults.temperature)
-        sampling.add_argument("--top-k", type=int, default=defaults.top_k, help="0: every token")
-        sampling.add_argument("--top-p", type=float, default=defaults.top_p)
+        sampling = parser.add_argument_group("sampling (with --sample)")
+        for option in SAMPLING_OPTIONS:
+            option.kind.add_flag(sampling, _flag(option.name), option.default, f"{option.help} ({option.valid})")
         sampling.add_argument("--seed", type=int, default=0, help="sentence i (from 0) draws with seed SEED + i")
 
     def prepare(self, args, export_dir, sentences):
-        SamplingSettings(args.temperature, args.top_k, args.top_p)
-        if not 1 <= args.sample <= MAX_SAMPLES:
-            raise ValueError(f"--sample {args.sample}: 1 to {MAX_SAMPLES}.")
+        INPUT["samples"].check_value(args.sample, "--sample")
+        for option in SAMPLING_OPTIONS:
+            INPUT[option.name].check_value(getattr(args, option.name), _flag(option.name))
 
     def request(self, args, batch, start):
-        return {"samples": _fill(batch, args.sample), "temperature": _fill(batch, args.temperature),
-                "top_k": _fill(batch, args.top_k), "top_p": _fill(batch, args.top_p),
+        return {"text": batch, "samples": _fill(batch, args.sample),
+                **{option.name: _fill(batch, getattr(args, option.name)) for option in SAMPLING_OPTIONS},
                 "seed": args.seed + start + tf.range(tf.size(batch))}  # fmt: skip
 
     def lines(self, result, start, args):
@@ -219,15 +273,8 @@ class Sample(Signature):
 
 class Options(Signature):
     name = method = "options"
-    inputs = tuple(option_input(option) for option in OPTIONS)
-    outputs = (TRANSLATION, SCORE, Tensor("cut", "bool", "the source was cut (at `max_input_length` or the model's `max_length`)"))
-
-    def warmup(self, text, settings):  # each option on, within the export's bounds
-        inputs = super().warmup(text, settings)
-        for option in OPTIONS:
-            if option.export_bound:
-                inputs[option.name] = np.minimum(inputs[option.name], getattr(settings, option.name))
-        return inputs
+    inputs = (INPUT["text"], *(INPUT[option.name] for option in OPTIONS))
+    outputs = (TRANSLATION, SCORE, Output("cut", "bool", "the source was cut (at `max_input_length` or the model's `max_length`)"))
 
     def add_flags(self, parser, group):
         from keras_transformer.search.flags import add_decoding_flags
@@ -238,8 +285,8 @@ class Options(Signature):
         return any(getattr(args, option.name) is not None for option in OPTIONS)
 
     def request(self, args, batch, start):  # one value for every sentence
-        return {option.name: tf.constant([getattr(args, option.name)]) for option in OPTIONS
-                if getattr(args, option.name) is not None}  # fmt: skip
+        return {"text": batch, **{option.name: tf.constant([getattr(args, option.name)]) for option in OPTIONS
+                                  if getattr(args, option.name) is not None}}  # fmt: skip
 
     def lines(self, result, start, args):
         for row in np.flatnonzero(result["cut"]):
@@ -250,14 +297,12 @@ class Options(Signature):
 class Score(Signature):
     name = method = "score"
     flag = ("--score", dict(metavar="FILE", help="score the translations in FILE, one a line, instead"))
-    inputs = (Tensor("target", "string", "a translation of each sentence"),
-              Tensor("alpha", "float32", "the length penalty's exponent; default the export's", option=OPTION["alpha"],
-                     warmup=np.float32(OPTION["alpha"].default)))  # fmt: skip
+    inputs = (INPUT["text"], INPUT["target"], INPUT["alpha"])
     outputs = (
-        Tensor("log_prob", "float32", "log P(target \\| text), its end of sentence included"),
-        Tensor("score", "float32", "log_prob / length penalty, the score a search gives it"),
-        Tensor("token_log_probs", "float32", "each target piece's and the end of sentence's, 0 on padding", rank=2),
-        Tensor("length", "int32", "the target's pieces and the end of sentence"),
+        Output("log_prob", "float32", "log P(target \\| text), its end of sentence included"),
+        Output("score", "float32", "log_prob / length penalty, the score a search gives it"),
+        Output("token_log_probs", "float32", "each target piece's and the end of sentence's, 0 on padding", rank=2),
+        Output("length", "int32", "the target's pieces and the end of sentence"),
     )
 
     def prepare(self, args, export_dir, sentences):
@@ -267,12 +312,37 @@ class Score(Signature):
             raise ValueError(f"--score {args.score} has {len(args.targets)} lines for {len(sentences)} sentences.")
 
     def request(self, args, batch, start):
-        return {"target": tf.constant(args.targets[start : start + len(batch)])}
+        return {"text": batch, "target": tf.constant(args.targets[start : start + len(batch)])}
 
     def lines(self, result, start, args):
         for score, log_prob, tokens, length in zip(*(result[key] for key in ("score", "log_prob", "token_log_probs", "length"))):
             yield f"{score:.4f}\t{log_prob:.4f}\t{' '.join(f'{t:.4f}' for t in tokens[:length])}"
 
 
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
 SIGNATURES = (Translate(), NBest(), Alignments(), Prefix(), Sample(), Options(), Score())
 SIGNATURE = {signature.name: signature for signature in SIGNATURES}
+
+
+# export/README.md's tables, each between a line `<!-- signature NAME -->` and the next blank line.
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+
+
+def readme_with_tables(readme):
+    """`readme` (export/README.md's text) with each signature's table as `SIGNATURES` declares it."""
+    for signature in SIGNATURES:
+        marker = f"<!-- signature {signature.name} -->\n"
+        if marker not in readme:
+            raise ValueError(f"{README} has no line {marker.strip()!r} before {signature.name}'s table.")
+        readme = re.sub(re.escape(marker) + r"(\|.*\n)*", lambda _: marker + signature.table(), readme)
+    return readme
+
+
+if __name__ == "__main__":  # python -m export.signatures: writes export/README.md's tables
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    with open(README, "w", encoding="utf-8") as f:
+        f.write(readme_with_tables(text))

@@ -74,7 +74,7 @@ def main(argv=None):
         sys.exit(f"error: {export_dir} has no {signature.name} signature (an export of an earlier version): export it again.")
     for start in range(0, len(sentences), args.batch_size):
         batch = tf.constant(sentences[start : start + args.batch_size])
-        result = getattr(translator, signature.method)(batch, **signature.request(args, batch, start))
+        result = getattr(translator, signature.method)(**signature.request(args, batch, start))
         for line in signature.lines({key: value.numpy() for key, value in result.items()}, start, args):
             print(line, flush=True)
 

@@ -1,6 +1,7 @@
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import tensorflow as tf
 
 from conftest import _types_of, assert_stock_cpu_graph, loaded_export
 from export.serving import PARALLEL_SEARCHES
-from export.signatures import SIGNATURES, TEXT
+from export.signatures import SIGNATURES
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
 from training.run_folder import RunFolder
@@ -119,21 +120,49 @@ def test_the_signature_and_assets(exported):
     assert metadata["searches"] == PARALLEL_SEARCHES
 
 
-def test_each_signature_serves_what_its_declaration_says_and_the_readme_shows_its_table(exported):
+def test_each_signature_serves_what_its_declaration_says(exported):
     loaded = loaded_export(exported[4])
-    with open(os.path.join(ROOT, "export", "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-
-    def kinds(tensors):
-        return {tensor.name: (tf.as_dtype(tensor.dtype), tensor.rank) for tensor in tensors}
-
     for declared in SIGNATURES:
         served = loaded.signatures[declared.name]
         inputs, outputs = served.structured_input_signature[1], served.structured_outputs
-        assert {name: (spec.dtype, spec.shape.rank) for name, spec in inputs.items()} == kinds((TEXT, *declared.inputs))
-        assert {name: (spec.dtype, spec.shape.rank) for name, spec in outputs.items()} == kinds(declared.outputs)
+        assert {name: (spec.dtype, spec.shape.rank) for name, spec in inputs.items()} == {
+            row.name: (tf.as_dtype(row.kind.served_dtype), row.kind.served_rank) for row in declared.inputs}
+        assert {name: (spec.dtype, spec.shape.rank) for name, spec in outputs.items()} == {
+            output.name: (tf.as_dtype(output.dtype), output.rank) for output in declared.outputs}
         assert callable(getattr(loaded, declared.method))
-        assert declared.table() in readme, declared.table()
+
+
+
+def _signature_defs(export_dir):
+    """Each SignatureDef of the SavedModel in `export_dir` as lines: every input's and output's
+    name, dtype and shape, and an input's default (what TF Serving feeds when a request omits it)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    described = {}
+    for name, signature in sorted(saved.meta_graphs[0].signature_def.items()):
+        if name.startswith("__"):  # __saved_model_init_op: TensorFlow's, not a request's
+            continue
+        for way, tensors in (("input", signature.inputs), ("output", signature.outputs)):
+            for key, tensor in sorted(tensors.items()):
+                line = f"{way} {key}: {tf.as_dtype(tensor.dtype).name} {[d.size for d in tensor.tensor_shape.dim]}"
+                if way == "input" and key in signature.defaults:
+                    value = tf.make_ndarray(signature.defaults[key])
+                    line += f", default {list(value.shape)} {value}"
+                described.setdefault(name, []).append(line)
+    return described
+
+
+def test_every_signature_def_is_as_recorded_for_existing_clients_and_warmup_files(exported):
+    """tests/signature_defs.json holds the SignatureDefs of an export with the default decoding
+    (written by this function): a change to a served input's name, dtype, shape or default, which
+    clients and their warm-up files depend on, has to change that file too."""
+    with open(os.path.join(ROOT, "tests", "signature_defs.json"), encoding="utf-8") as f:
+        recorded = json.load(f)
+    assert _signature_defs(exported[4]) == recorded
+    assert "input beam_size: int32 [-1], default [1] [4]" in recorded["options"]  # the check reads defaults
 
 
 # saved_model_cli (TensorFlow's console script, run by this interpreter rather than found on PATH)
@@ -372,7 +401,8 @@ def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyo
     np.testing.assert_array_equal(mixed["translations"].numpy()[asked], lists[4]["translations"].numpy()[:, :3][asked])
     assert set(mixed["translations"].numpy()[~asked]) == {b""} and np.all(mixed["scores"].numpy()[~asked] == -1e9)
     assert signature(text=tf.constant([], tf.string), n=tf.constant([], tf.int32))["translations"].shape == (0, 0)
-    for bad, error in (([0, 1, 1], "n must be 1 to the beam size, 4"), ([1, 5, 1], "n must be 1 to the beam size, 4"),
+    too_many = re.escape("n must be 1 to the beam size: at most 4 in this export")
+    for bad, error in (([0, 1, 1], too_many), ([1, 5, 1], too_many),
                        ([1, 1], "n must hold one value per sentence of text")):  # fmt: skip
         with pytest.raises(tf.errors.InvalidArgumentError, match=error):
             signature(text=tf.constant(SENTENCES), n=tf.constant(bad))
@@ -381,7 +411,7 @@ def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyo
     greedy = loaded_export(exported[1])
     one = greedy.n_best(tf.constant(SENTENCES), tf.constant([1, 1, 1]))
     np.testing.assert_array_equal(one["translations"][:, 0], greedy.translate(tf.constant(SENTENCES))["translation"])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="n must be 1 to the beam size, 1"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="n must be 1 to the beam size: at most 1 in this export"):
         greedy.n_best(tf.constant(SENTENCES), tf.constant([1, 2, 1]))
 
 
@@ -616,9 +646,9 @@ def test_translate_command_line(exported, tmp_path, capsys, monkeypatch):
 
     # Bad flags end the command before the model is loaded.
     for arguments, error in (
-        ([exported[4], "x", "--sample", "2", "--top-p", "1.5"], "error: Sampling needs a finite temperature > 0.*top_p 1.5"),
-        ([exported[4], "x", "--sample", "101"], "error: --sample 101: 1 to 100"),
-        ([exported[4], "x", "--n-best", "9"], f"error: --n-best 9: {exported[4]} searches with a beam of 4, so 1 to 4."),
+        ([exported[4], "x", "--sample", "2", "--top-p", "1.5"], re.escape("error: --top-p must be in (0, 1]; got 1.5.")),
+        ([exported[4], "x", "--sample", "101"], "error: --sample must be 1 to 100; got 101."),
+        ([exported[4], "x", "--n-best", "9"], "error: --n-best must be 1 to the beam size: at most 4 in this export; got 9."),
         ([str(tmp_path / "nothing"), "x"], "is neither a SavedModel nor a base path with numbered versions"),
     ):
         with pytest.raises(SystemExit, match=error):

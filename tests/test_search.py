@@ -1,5 +1,6 @@
 import functools
 import itertools
+import re
 
 import keras
 import numpy as np
@@ -471,9 +472,12 @@ def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_an
                              target_prefix=np.array([[5, 6], [7, 0], [0, 0], [8, 9]], "int32"))  # fmt: skip
     starts = np.asarray(prefixed.tokens)[:, :, :2]
     assert np.all(starts[[0, 3]] == np.array([[5, 6], [8, 9]])[:, None]) and np.all(starts[1, :, 0] == 7)
-    for temperature in (-1.0, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match=f"finite temperature > 0.*got temperature {temperature}"):
-            SamplingSettings(temperature=temperature)
+    for bad, valid in ((dict(temperature=-1.0), "> 0 and finite"), (dict(temperature=float("inf")), "> 0 and finite"),
+                       (dict(temperature=float("nan")), "> 0 and finite"), (dict(top_k=-1), ">= 0"),
+                       (dict(top_p=1.5), "in (0, 1]"), (dict(top_p=0.0), "in (0, 1]")):  # fmt: skip
+        ((name, value),) = bad.items()
+        with pytest.raises(ValueError, match=re.escape(f"{name} must be {valid}") + f".*got {value}"):
+            SamplingSettings(**bad)
 
 
 def test_decode_takes_its_defaults_from_the_paper_and_picks_the_search_by_beam_size(rng):

@@ -23,7 +23,7 @@ from keras_transformer.search.beam import BeamState, beam_search
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import GreedyState, greedy_search
 from keras_transformer.search.interface import DecodingModel
-from keras_transformer.search.sampling import SamplingSettings, sample_search
+from keras_transformer.search.sampling import SAMPLING_OPTIONS, SamplingSettings, sample_search
 from keras_transformer.search.scoring import ScoreResult, score
 from keras_transformer.search.settings import (OPTION, OPTIONS, STOPPING_RULES, DecodingSettings, Option, SearchResult,
                                                length_penalty, search_width, settings_with)  # fmt: skip
@@ -57,6 +57,7 @@ __all__ = [
     "OPTION",
     "OPTIONS",
     "Option",
+    "SAMPLING_OPTIONS",
     "STOPPING_RULES",
     "SamplingSettings",
     "ScoreResult",

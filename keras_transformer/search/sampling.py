@@ -19,33 +19,36 @@ from keras_transformer.common import BOS_ID, EOS_ID, take_per_row
 from keras_transformer.search.execution import Execution
 from keras_transformer.search.greedy import one_output_search
 from keras_transformer.search.processors import one_value
-from keras_transformer.search.settings import INF, OPTIONS, SearchResult, settings_with
+from keras_transformer.search.settings import FLOAT32, INF, INT32, OPTIONS, Option, SearchResult, settings_with
 from keras_transformer.search.top_k import token_log_probs
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplingSettings:
-    """How tokens are drawn (defaults: from the model's own distribution).
+# How tokens are drawn, a row each (as `OPTIONS`): `SamplingSettings`' fields, the SavedModel's
+# `sample` inputs and `export.translate`'s sampling flags. The defaults draw from the model's own
+# distribution.
+SAMPLING_OPTIONS = (
+    Option("temperature", FLOAT32, 1.0, "> 0 and finite", lambda v: (v > 0) & (v < INF),
+           "the logits are divided by it before the softmax: below 1 closer to greedy search, above 1 flatter", 1.5),
+    Option("top_k", INT32, 0, ">= 0", lambda v: v >= 0,
+           "draw among the k most likely tokens only; 0 for the whole vocabulary, 1 is greedy search", 5),
+    Option("top_p", FLOAT32, 1.0, "in (0, 1]", lambda v: (v > 0) & (v <= 1),
+           "draw among the most likely tokens whose probabilities (after the temperature and top k) first "
+           "sum to at least p; 1 for all of them", 0.9),
+)  # fmt: skip
 
-    Args:
-        temperature: the logits are divided by it before the softmax (> 0, finite): below 1 sharpens
-            the distribution towards greedy search, above 1 flattens it.
-        top_k: draw among the k most likely tokens only; 0 for the whole vocabulary. 1 is
-            greedy search.
-        top_p: draw among the most likely tokens whose probabilities (after the temperature and
-            top k) first sum to at least p, 0 < p <= 1; 1 for all of them.
-    """
 
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+def _check_sampling(settings):
+    for option in SAMPLING_OPTIONS:
+        option.check_value(getattr(settings, option.name))
 
-    def __post_init__(self):
-        if not 0 < self.temperature < INF or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(
-                f"Sampling needs a finite temperature > 0, top_k >= 0 (0: every token) and 0 < top_p <= 1; got "
-                f"temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}."
-            )
+
+SamplingSettings = dataclasses.make_dataclass(
+    "SamplingSettings",
+    [(option.name, option.kind.python, dataclasses.field(default=option.default)) for option in SAMPLING_OPTIONS],
+    frozen=True,
+    namespace={"__post_init__": _check_sampling, "__module__": __name__},
+)
+SamplingSettings.__doc__ = "How tokens are drawn: a field for each row of `SAMPLING_OPTIONS`, with its default."
 
 
 def sample_search(model, source_ids, seed, settings=None, *, num_samples=1, temperature=SamplingSettings.temperature,
