@@ -42,6 +42,32 @@ def time_call(fn, repeats):
     return statistics.median(times)
 
 
+def in_turn(names, round_):
+    """The order in which round `round_` measures the systems `names`: as given, reversed every
+    other round, so that no system is always measured first (a cold cache) or last."""
+    return list(names)[:: -1 if round_ % 2 else 1]
+
+
+def timed_rounds(calls, requests, rounds):
+    """Sentences per second of each of `calls` (name -> function of a request) over all of
+    `requests` (vectors of sentences), once a round in `in_turn` order: {name: [a round's]}."""
+    sentences = sum(len(request) for request in requests)
+    speeds = {name: [] for name in calls}
+    for round_ in range(rounds):
+        for name in in_turn(calls, round_):
+            start = time.perf_counter()
+            for request in requests:
+                calls[name](request)
+            speeds[name].append(sentences / (time.perf_counter() - start))
+    return speeds
+
+
+def ratio_summary(ratios, digits=3):
+    """Same-round ratios' median and range: what a benchmark reports of a comparison."""
+    return {"median_ratio": round(statistics.median(ratios), digits),
+            "ratio_range": [round(min(ratios), digits), round(max(ratios), digits)]}  # fmt: skip
+
+
 def emit(record):
     """Prints one measurement as a JSON line, with the machine it ran on."""
     record = {**record, "cpus": os.cpu_count(), "machine": platform.machine()}

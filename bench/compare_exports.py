@@ -7,22 +7,20 @@ the first's (and its cased BLEU when FILE holds references).
     python -m bench.compare_exports --smoke                # seconds: the smoke exports, beam 4 against greedy
 
 FILE holds sources, one a line, or test pairs as JSON lines (`[source, reference]`, as
-bench.real_serving writes them). One JSON line a round, then one an export: its ratios' median,
-lowest and highest.
+bench.real_serving writes them). One JSON line a round, then one an export: its ratios' median and
+range.
 """
 
 import argparse
 import json
 import os
-import statistics
 import tempfile
-import time
 
 from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
-from bench.common import emit, run_isolated  # noqa: E402
+from bench.common import emit, ratio_summary, run_isolated, timed_rounds  # noqa: E402
 
 
 def read_sources(path, limit):
@@ -57,25 +55,17 @@ def compare(export_dirs, sources, batch, rounds, references=None):
 
         bleu = [score([t.decode() for part in output for t in part], references)["bleu"] for output in outputs]
 
-    ratios = [[] for _ in serves]
+    speeds = timed_rounds({index: lambda request, serve=serve: serve(text=request) for index, serve in enumerate(serves)},
+                          requests, rounds)  # fmt: skip
     for round_ in range(rounds):
-        speeds = [0.0] * len(serves)
-        for index in range(len(serves)) if round_ % 2 == 0 else reversed(range(len(serves))):
-            start = time.perf_counter()
-            for request in requests:
-                serves[index](text=request)
-            speeds[index] = len(sources) / (time.perf_counter() - start)
-        for index, speed in enumerate(speeds):
-            ratios[index].append(speed / speeds[0])
         emit({"benchmark": "compare_exports", "round": round_, "batch": batch, "sentences": len(sources),
-              "sentences_per_s_each": [round(speed, 1) for speed in speeds],
-              "ratios": [round(ratio[-1], 3) for ratio in ratios]})  # fmt: skip
-    for export_dir, ratio, share, export_bleu in list(zip(export_dirs, ratios, same, bleu))[1:]:
-        emit({"benchmark": "compare_exports_summary", "export": export_dir, "baseline": export_dirs[0],
-              "batch": batch, "rounds": rounds, "median_ratio": round(statistics.median(ratio), 3),
-              "min_ratio": round(min(ratio), 3), "max_ratio": round(max(ratio), 3),
-              "same_translations": round(share, 4),
-              **({"bleu": export_bleu, "baseline_bleu": bleu[0]} if references else {})})  # fmt: skip
+              "sentences_per_s_each": [round(speeds[index][round_], 1) for index in speeds],
+              "ratios": [round(speeds[index][round_] / speeds[0][round_], 3) for index in speeds]})  # fmt: skip
+    for index, export_dir in list(enumerate(export_dirs))[1:]:
+        emit({"benchmark": "compare_exports_summary", "export": export_dir, "baseline": export_dirs[0], "batch": batch,
+              "rounds": rounds, **ratio_summary([a / b for a, b in zip(speeds[index], speeds[0])]),
+              "same_translations": round(same[index], 4),
+              **({"bleu": bleu[index], "baseline_bleu": bleu[0]} if references else {})})  # fmt: skip
 
 
 def add_request_flags(parser, rounds):

@@ -15,7 +15,6 @@ Method and figures: bench/README.md, "Decoding speed".
 """
 
 import argparse
-import statistics
 import sys
 import tempfile
 
@@ -28,7 +27,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench import ctranslate2_reference  # noqa: E402
-from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
+from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated, time_call  # noqa: E402
 from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
 from export.saved_model import in_precision  # noqa: E402
 from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads  # noqa: E402
@@ -209,10 +208,7 @@ def main(argv=None):
             model = _model_and_source(args)[0]
             choice = ctranslate2_reference.choose_backend(ctranslate2_reference.convert(model, directory, _candidates(args)))
         print(f"CTranslate2 with CT2_USE_MKL={choice} (the faster here).", file=sys.stderr, flush=True)
-    rounds = []
-    for index in range(args.rounds):
-        order = rows if index % 2 == 0 else rows[::-1]
-        rounds.append([record for row in order for record in _run(row, passed)])
+    rounds = [[record for row in in_turn(rows, index) for record in _run(row, passed)] for index in range(args.rounds)]
     if args.modes is None:
         for row in CONTEXT_ROWS:
             _run(row, passed)
@@ -236,8 +232,7 @@ def main(argv=None):
                 if beam_size == r["beam_size"]:  # against CTranslate2's float32, and _vs_int8 against its int8
                     ratios.setdefault(row + _suffix(compute_type, "_vs_"), []).append(r["gen_tokens_per_s"] / reference)
     if ratios:
-        summary = {name: round(statistics.median(values), 2) for name, values in ratios.items()}
-        summary.update({f"{name}_range": [round(min(v), 2), round(max(v), 2)] for name, v in ratios.items()})
+        summary = {name: ratio_summary(values, digits=2) for name, values in ratios.items()}
         emit({"benchmark": "decode_vs_ctranslate2", "rounds": args.rounds, **summary})
 
 

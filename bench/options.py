@@ -7,19 +7,17 @@ other round, each mode's sentences per second as a ratio to `serving_default`'s 
 
 Modes: `serving_default`; `options` with nothing set, with each option of OPTIONS alone at its
 example value, and with all; `score` of `serving_default`'s translations. FILE as
-bench.compare_exports reads it. One JSON line a round, then one a mode: its ratios' median,
-lowest and highest, and the share of translations equal to `serving_default`'s.
+bench.compare_exports reads it. One JSON line a round, then one a mode: its ratios' median and
+range, and the share of translations equal to `serving_default`'s.
 """
 
 import argparse
-import statistics
-import time
 
 from keras_transformer.quiet import quiet_tensorflow
 
 quiet_tensorflow()
 
-from bench.common import emit  # noqa: E402
+from bench.common import emit, ratio_summary, timed_rounds  # noqa: E402
 from bench.compare_exports import add_request_flags, read_sources, run_smoke  # noqa: E402
 from keras_transformer.search import OPTIONS  # noqa: E402
 
@@ -50,23 +48,13 @@ def measure(export_dir, sources, batch, rounds):
     calls["score"](requests[0])  # traced once, as the others were above
     same = {name: sum(int((a == b).sum()) for a, b in zip(outputs["serving_default"], output)) / len(sources)
             for name, output in outputs.items()}  # fmt: skip
-    names = list(calls)
-    ratios = {name: [] for name in names}
+    speeds = timed_rounds(calls, requests, rounds)
     for round_ in range(rounds):
-        speeds = {}
-        for name in names if round_ % 2 == 0 else reversed(names):
-            start = time.perf_counter()
-            for request in requests:
-                calls[name](request)
-            speeds[name] = len(sources) / (time.perf_counter() - start)
-        for name in names:
-            ratios[name].append(speeds[name] / speeds["serving_default"])
         emit({"benchmark": "options", "round": round_, "batch": batch, "sentences": len(sources),
-              "sentences_per_s_each": {name: round(speed, 1) for name, speed in speeds.items()}})  # fmt: skip
-    for name in names[1:]:
+              "sentences_per_s_each": {name: round(speed[round_], 1) for name, speed in speeds.items()}})  # fmt: skip
+    for name in list(calls)[1:]:
         emit({"benchmark": "options_summary", "mode": name, "batch": batch, "rounds": rounds,
-              "median_ratio": round(statistics.median(ratios[name]), 3), "min_ratio": round(min(ratios[name]), 3),
-              "max_ratio": round(max(ratios[name]), 3),
+              **ratio_summary([a / b for a, b in zip(speeds[name], speeds["serving_default"])]),
               **({"same_translations": round(same[name], 4)} if name in same else {})})  # fmt: skip
 
 

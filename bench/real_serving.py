@@ -32,7 +32,7 @@ quiet_tensorflow()
 
 import numpy as np  # noqa: E402
 
-from bench.common import emit, peak_rss_mb, run_isolated  # noqa: E402
+from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated  # noqa: E402
 
 
 def measure_ours(export_dir, sentences, batch):
@@ -227,7 +227,7 @@ def compare(runs, sentences, args, scratch):
             systems = [system for run in runs for system in run.systems(cell)]
             for batch in args.batch_sizes:
                 figures, outputs = {}, {}
-                for index, (label, flags) in enumerate(systems[:: -1 if round_ % 2 else 1]):
+                for index, (label, flags) in enumerate(in_turn(systems, round_)):
                     path = os.path.join(scratch, f"translations.{index}.json")
                     (figures[label],) = run_isolated("bench.real_serving", [
                         *flags, f"--label={label}", f"--translations={path}", f"--sentences={sentences}",
@@ -245,9 +245,7 @@ def compare(runs, sentences, args, scratch):
                         ratios.setdefault(json.dumps(row), []).append((ratio, same))
     for key, values in ratios.items():
         emit({"benchmark": "real_serving_summary", **json.loads(key), "rounds": len(values),
-              "median_ratio": round(statistics.median(r for r, _ in values), 3),
-              "ratio_range": [round(min(r for r, _ in values), 3), round(max(r for r, _ in values), 3)],
-              "identical": round(statistics.mean(s for _, s in values), 3)})  # fmt: skip
+              **ratio_summary([r for r, _ in values]), "identical": round(statistics.mean(s for _, s in values), 3)})  # fmt: skip
 
 
 def main(argv=None):
