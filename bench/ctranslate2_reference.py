@@ -68,7 +68,10 @@ def choose_backend(directory):
     return os.environ["CT2_USE_MKL"]
 
 
-def translator(directory, compute_type="float32"):
+def translator(directory, compute_type="default"):
+    """A CTranslate2 translator of the model in `directory` on this machine's CPUs, as every
+    benchmark runs it: one translation at a time on all cores; "default" computes in the
+    model's own weight type."""
     import ctranslate2
 
     return ctranslate2.Translator(directory, device="cpu", compute_type=compute_type, inter_threads=1,

@@ -33,6 +33,7 @@ quiet_tensorflow()
 import numpy as np  # noqa: E402
 
 from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated  # noqa: E402
+from export.layout import read_metadata  # noqa: E402
 
 
 def measure_ours(export_dir, sentences, batch):
@@ -57,10 +58,11 @@ def measure_ours(export_dir, sentences, batch):
 
 def measure_ctranslate2(model_dir, sentences, batch, beam_size, alpha, max_length_b, use_vmap=False):
     """export/ctranslate2.py's conversion, translated by its recipe: SentencePiece's pieces in and out."""
-    import ctranslate2
     import sentencepiece
 
-    translator = ctranslate2.Translator(model_dir, device="cpu", inter_threads=1, intra_threads=os.cpu_count())
+    from bench import ctranslate2_reference
+
+    translator = ctranslate2_reference.translator(model_dir)
     pieces = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, "sentencepiece.model"))
 
     def translate(texts):
@@ -91,8 +93,7 @@ def worker(args):
     with open(args.sentences, encoding="utf-8") as f:
         sources, references = zip(*(json.loads(line) for line in f))
     sources, references = list(sources), list(references)
-    with open(os.path.join(args.export_dir, "assets", "metadata.json")) as f:
-        decoding = json.load(f)
+    decoding = read_metadata(args.export_dir)
     if args.worker == "ours":
         translations, seconds, ready = measure_ours(args.export_dir, sources, args.batch)
     else:

@@ -11,7 +11,6 @@ Serving's warm-up requests, the first request; then requests of the run's test s
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (the SentencePiece ops of the SavedModel)
 
 from bench.common import emit, peak_rss_mb, run_isolated  # noqa: E402
+from export.layout import WARMUP_REQUESTS, read_metadata  # noqa: E402
 
 def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=True):
     if serving_threads:
@@ -42,7 +42,7 @@ def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=T
     warmed = time.perf_counter()
     serve(text=tf.constant(sentences[:1]))
     cold_start = time.perf_counter() - start
-    beam_size = _metadata(export_dir)["beam_size"]
+    beam_size = read_metadata(export_dir)["beam_size"]
     for batch in batch_sizes:
         latencies, position = [], 1
         for _ in range(requests):
@@ -56,7 +56,7 @@ def measure(export_dir, sentences_path, batch_sizes, requests, serving_threads=T
                 "benchmark": "serving",
                 "beam_size": beam_size,
                 "batch": batch,
-                "searches": _metadata(export_dir).get("searches", 1),
+                "searches": read_metadata(export_dir).get("searches", 1),
                 "threads": "serving" if serving_threads else "tensorflow default",
                 "requests": requests,
                 "cold_start_s": round(cold_start, 3),
@@ -77,16 +77,11 @@ def replay_warmup_requests(export_dir, loaded):
     they name of `loaded` (the loaded SavedModel)."""
     from tensorflow_serving.apis import prediction_log_pb2
 
-    path = os.path.join(export_dir, "assets.extra", "tf_serving_warmup_requests")
+    path = os.path.join(export_dir, WARMUP_REQUESTS)
     for record in tf.data.TFRecordDataset(path):
         request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
         signature = loaded.signatures[request.model_spec.signature_name]
         signature(**{name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()})
-
-
-def _metadata(export_dir):
-    with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
-        return json.load(f)
 
 
 def export_search(run_dir, base, max_length_b=None, compiled_shapes=None, shortlist=None, **settings):

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from export.layout import METADATA, WARMUP_REQUESTS
 from export.serving import PARALLEL_SEARCHES, Translator
 from export.signatures import SIGNATURES
 from keras_transformer import Transformer
@@ -28,11 +29,8 @@ from keras_transformer.search import DecodingSettings
 from keras_transformer.search.alignment import check_layer
 from training.run_folder import RunFolder, local_copy
 
+WARMUP_BATCH_SIZES = (1, 32)  # the batch sizes of the warm-up requests (export/layout.py)
 
-# TF Serving replays the requests of this file when it loads a version, before it serves it, so
-# that the first user request does not pay the graph's set-up.
-WARMUP_FILE = "tf_serving_warmup_requests"
-WARMUP_BATCH_SIZES = (1, 32)
 
 def write_warmup_requests(path, tokenizer, max_source_length, settings, seed=0, compiled_shapes=None):
     """Writes `path`: for each signature of `SIGNATURES`, one `PredictionLog` record per batch size
@@ -160,17 +158,17 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         }
         assets = os.path.join(staging, "_assets")
         os.makedirs(assets)
-        with open(os.path.join(assets, "metadata.json"), "w") as f:
+        with open(os.path.join(assets, os.path.basename(METADATA)), "w") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
         tf.io.gfile.copy(run.config_path, os.path.join(assets, "config.json"))
         tf.io.gfile.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
-        asset_paths = [os.path.join(assets, name) for name in ("metadata.json", "config.json", "sentencepiece.model")]
+        asset_paths = [os.path.join(assets, name) for name in (os.path.basename(METADATA), "config.json", "sentencepiece.model")]
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches,
                                 compiled_shapes=compiled_shapes, shortlist=table)  # fmt: skip
         saved = os.path.join(staging, "model")
         signatures = {signature.name: getattr(translator, signature.method) for signature in SIGNATURES}
         tf.saved_model.save(translator, saved, signatures=signatures)
-        write_warmup_requests(os.path.join(saved, "assets.extra", WARMUP_FILE), tokenizer, model.config.max_length,
+        write_warmup_requests(os.path.join(saved, WARMUP_REQUESTS), tokenizer, model.config.max_length,
                               settings, compiled_shapes=compiled_shapes)  # fmt: skip
         os.rename(saved, target)  # atomic on one filesystem
     finally:

@@ -11,7 +11,6 @@ them, so a new signature is its method, its declaration here, and its test.
 """
 
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ quiet_tensorflow()  # `python -m export.signatures` is a command
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from export.layout import read_metadata  # noqa: E402
 from keras_transformer.search import OPTIONS, SAMPLING_OPTIONS  # noqa: E402
 from keras_transformer.search.settings import INT32, Kind  # noqa: E402
 
@@ -201,8 +201,7 @@ class NBest(Signature):
                Output("scores", "float32", rank=2))  # fmt: skip
 
     def prepare(self, args, export_dir, sentences):
-        with open(os.path.join(export_dir, "assets", "metadata.json")) as f:
-            INPUT["n"].check_value(args.n_best, "--n-best", most=json.load(f)["beam_size"])
+        INPUT["n"].check_value(args.n_best, "--n-best", most=read_metadata(export_dir)["beam_size"])
 
     def request(self, args, batch, start):
         return {"text": batch, "n": _fill(batch, args.n_best)}
@@ -343,6 +342,6 @@ def readme_with_tables(readme):
 
 if __name__ == "__main__":  # python -m export.signatures: writes export/README.md's tables
     with open(README, encoding="utf-8") as f:
-        text = f.read()
+        text = readme_with_tables(f.read())
     with open(README, "w", encoding="utf-8") as f:
-        f.write(readme_with_tables(text))
+        f.write(text)
