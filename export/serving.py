@@ -166,16 +166,16 @@ class Translator(tf.Module):
         return self.tokenizer.detokenize(tf.ragged.constant([list(sequence) for sequence in value]))[None]
 
     def _checked(self, method, inputs):
-        """`method` with its inputs (rows of `INPUTS`) checked before it runs: each after the first
-        holds a value per sentence of the first (an option's: or one for all, repeated) and is
-        valid by its row, or the request is an InvalidArgument that names it, before any search."""
+        """`method` with its inputs (rows of `INPUTS`) checked before it runs: each is valid by its
+        row and each after the first holds a value per sentence of the first (an option's: or one
+        for all, repeated), or the request is an InvalidArgument that names it, before any search."""
 
         def checked(first, *values):
-            first = _of_its_rank(first, inputs[0].name)
-            values = [_per_sentence(value, row.name, first, inputs[0].name, broadcast=row.option is not None)
-                      for row, value in zip(inputs[1:], values)]  # fmt: skip
-            with tf.control_dependencies([check for row, value in zip(inputs[1:], values) for check in self._checks(row, value)]):
-                return method(*(tf.identity(value) for value in (first, *values)))
+            values = [_of_its_rank(first, inputs[0].name)] + [
+                _per_sentence(value, row.name, first, inputs[0].name, broadcast=row.option is not None)
+                for row, value in zip(inputs[1:], values)]  # fmt: skip
+            with tf.control_dependencies([check for row, value in zip(inputs, values) for check in self._checks(row, value)]):
+                return method(*(tf.identity(value) for value in values))
 
         return checked
 

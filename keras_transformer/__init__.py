@@ -1,8 +1,8 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as Keras 3 layers.
 
-`from keras_transformer import Transformer` imports the module that defines the name on first use,
-so that `keras_transformer.quiet` runs before anything imports Keras (which fixes its backend and
-starts TensorFlow).
+`from keras_transformer import Transformer` imports the module that defines the name on first
+use, so that `keras_transformer.quiet` runs before anything imports Keras (which fixes its backend
+and starts TensorFlow).
 """
 
 import importlib
