@@ -24,6 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 from export.layout import read_metadata  # noqa: E402
 from keras_transformer.search import OPTIONS, SAMPLING_OPTIONS  # noqa: E402
+from keras_transformer.search.flags import flag_of  # noqa: E402
 from keras_transformer.search.settings import INT32, Kind  # noqa: E402
 
 # Samples a request may ask for each sentence: each is a search of its own, and memory grows with them.
@@ -253,13 +254,13 @@ class Sample(Signature):
         super().add_flags(parser, group)
         sampling = parser.add_argument_group("sampling (with --sample)")
         for option in SAMPLING_OPTIONS:
-            option.kind.add_flag(sampling, _flag(option.name), option.default, f"{option.help} ({option.valid})")
+            option.kind.add_flag(sampling, flag_of(option.name), option.default, f"{option.help} ({option.valid})")
         sampling.add_argument("--seed", type=int, default=0, help="sentence i (from 0) draws with seed SEED + i")
 
     def prepare(self, args, export_dir, sentences):
         INPUT["samples"].check_value(args.sample, "--sample")
         for option in SAMPLING_OPTIONS:
-            INPUT[option.name].check_value(getattr(args, option.name), _flag(option.name))
+            INPUT[option.name].check_value(getattr(args, option.name), flag_of(option.name))
 
     def request(self, args, batch, start):
         return {"text": batch, "samples": _fill(batch, args.sample),
@@ -316,10 +317,6 @@ class Score(Signature):
     def lines(self, result, start, args):
         for score, log_prob, tokens, length in zip(*(result[key] for key in ("score", "log_prob", "token_log_probs", "length"))):
             yield f"{score:.4f}\t{log_prob:.4f}\t{' '.join(f'{t:.4f}' for t in tokens[:length])}"
-
-
-def _flag(name):
-    return "--" + name.replace("_", "-")
 
 
 SIGNATURES = (Translate(), NBest(), Alignments(), Prefix(), Sample(), Options(), Score())

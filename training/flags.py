@@ -10,6 +10,7 @@ The decoding flags of the evaluations are the search's own (`keras_transformer.s
 import dataclasses
 
 from keras_transformer.config import PRESETS
+from keras_transformer.search.flags import flag_of
 from training.shards import TOKENIZER_SAMPLE
 
 BACKENDS = ("tensorflow", "jax")  # the Keras backends training.train runs on (training/backends/)
@@ -61,7 +62,7 @@ class Flag:
 
     @property
     def flag(self):
-        return "--" + self.name.replace("_", "-")
+        return flag_of(self.name)
 
     def add_to(self, parser):
         if self.type is bool:

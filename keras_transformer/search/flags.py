@@ -4,14 +4,19 @@
 from keras_transformer.search.settings import OPTIONS, STOPPING_RULES, DecodingSettings
 
 
+def flag_of(name):
+    """The command-line flag of a setting: `--no-repeat-ngram-size` for `no_repeat_ngram_size`."""
+    return "--" + name.replace("_", "-")
+
+
 def add_decoding_flags(parser, defaults=True):
     """A flag per decoding option of `OPTIONS` (--beam-size, --alpha, --no-repeat-ngram-size, ...)
     with its default (the paper's decoding), and --stopping; `decoding_settings(args)` reads them.
     Without `defaults` every flag defaults to None (export.translate: the export's value)."""
     group = parser.add_argument_group("decoding options")
     for option in OPTIONS:
-        flag = "--" + option.name.replace("_", "-")
-        option.kind.add_flag(group, flag, option.default if defaults else None, f"{option.help} ({option.valid})")
+        default = option.default if defaults else None
+        option.kind.add_flag(group, flag_of(option.name), default, f"{option.help} ({option.valid})")
     if defaults:
         group.add_argument("--stopping", choices=STOPPING_RULES, default=DecodingSettings.stopping,
                            help="when beam search is done with a sentence: exact (no alive hypothesis can beat the "
@@ -26,5 +31,5 @@ def decoding_settings(args, tokenizer=None, **more):
         try:
             values[option.name] = option.kind.from_flag(getattr(args, option.name), tokenizer)
         except ValueError as error:
-            raise ValueError(f"--{option.name.replace('_', '-')}: {error}") from None
+            raise ValueError(f"{flag_of(option.name)}: {error}") from None
     return DecodingSettings(**values, stopping=args.stopping, **more)
