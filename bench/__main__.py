@@ -1,9 +1,9 @@
-"""Every benchmark's smoke mode, in one process: a check that each still runs, in about three
-minutes on 2 cores (each alone starts TensorFlow in two processes; here a measurement that needs
-no environment of its own runs in this process, bench/common.py's ONE_PROCESS).
+"""Every benchmark's smoke mode (bench/smoke.py's flags), in one process: a check that each still
+runs, in about three minutes on 2 cores (here a measurement that needs no environment of its own
+runs in this process, bench/common.py's ONE_PROCESS).
 
     python -m bench --smoke                          # all of them
-    python -m bench --smoke bench.decode bench.serving
+    python -m bench --smoke bench.decode bench.real_serving
     python -m bench --smoke --runs DIR               # benchmarks that make a run folder keep it in DIR/NAME
 
 Each benchmark's JSON lines follow a line `== bench.NAME`. The process runs TensorFlow with the
@@ -13,18 +13,11 @@ README's serving threads (`export.serving.use_serving_threads`), set before any 
 import argparse
 import importlib
 import os
+import tempfile
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+from bench import common, smoke
 
-from keras_transformer.quiet import quiet_tensorflow  # noqa: E402
-
-quiet_tensorflow()
-
-from bench import common  # noqa: E402
-
-BENCHMARKS = ("compare_exports", "corpus_scale", "decode", "decode_profile", "finetune", "multi30k", "multihost", "options",
-              "pipeline", "real_serving", "serving", "train_throughput", "wmt14_recipe")  # fmt: skip
-RUN_FOLDER = {"finetune", "multi30k", "wmt14_recipe"}  # those with --run-dir
+BENCHMARKS = tuple(smoke.FLAGS)
 
 
 def main(argv=None):
@@ -40,10 +33,12 @@ def main(argv=None):
 
     use_serving_threads()
     common.ONE_PROCESS = True
-    for name in names:
-        kept = ["--run-dir", os.path.join(args.runs, name)] if args.runs and name in RUN_FOLDER else []
-        print(f"== bench.{name}", flush=True)
-        importlib.import_module(f"bench.{name}").main(["--smoke", *kept])
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in names:
+            kept = [f"--run-dir={os.path.join(args.runs or scratch, name)}"] if name in smoke.RUN_FOLDER else []
+            print(f"== bench.{name}", flush=True)
+            for flags in smoke.FLAGS[name](scratch):
+                importlib.import_module(f"bench.{name}").main([*flags, *kept])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 (`cached`) and with XLA, next to CTranslate2 on the same weights and to a decoder without a cache.
 
     python -m bench.decode            # d_model 256, 3+3 layers, batch 32
-    python -m bench.decode --smoke    # seconds-long, tiny sizes (the test suite runs this)
     python -m bench.decode --precisions float32,bfloat16 --modes served   # reduced precision
     python -m bench.decode --shortlist 2000 --ctranslate2-types float32,int8  # 2,000 candidates each side
 
@@ -18,22 +17,18 @@ import argparse
 import sys
 import tempfile
 
-from keras_transformer.quiet import quiet_tensorflow
+import keras
+import numpy as np
+import tensorflow as tf
 
-quiet_tensorflow()
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from bench import ctranslate2_reference  # noqa: E402
-from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated, time_call  # noqa: E402
-from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig  # noqa: E402
-from export.saved_model import in_precision  # noqa: E402
-from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads  # noqa: E402
-from keras_transformer.search import DecodingSettings, Execution, beam_search, greedy_search  # noqa: E402
-from keras_transformer.search.shortlist import search_over  # noqa: E402
-from keras_transformer.search.loop import graph_function  # noqa: E402
+from bench import ctranslate2_reference
+from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated, time_call
+from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig
+from export.saved_model import in_precision
+from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads
+from keras_transformer.search import DecodingSettings, Execution, beam_search, greedy_search
+from keras_transformer.search.shortlist import search_over
+from keras_transformer.search.loop import graph_function
 
 # (mode, beam size, XLA): the rows of every round, then those measured once, for context.
 ROWS = [("served", 1, False), ("cached", 1, False), ("cached", 1, True), ("ctranslate2", 1, False),
@@ -91,7 +86,7 @@ def _search(search, model, candidates):
 def measure(mode, beam_size, xla, args, precision="float32", vocabulary=""):
     """One row; `precision`: the served rows' weights and matmuls, CTranslate2's compute type;
     `vocabulary` "full": the whole vocabulary even with --shortlist."""
-    if mode == "served" and not args.smoke:  # a process of its own: TensorFlow has run nothing yet
+    if mode == "served":  # before TensorFlow runs anything (in `python -m bench`'s one process: set already)
         use_serving_threads()
     model, source = _model_and_source(args)
     candidates = None if vocabulary == "full" else _candidates(args)
@@ -136,30 +131,15 @@ def _check_same_greedy_search(model, translator, source, length, candidates):
 
 
 def _emit(mode, beam_size, xla, seconds, args, precision, candidates):
-    emit(
-        {
-            "benchmark": "decode",
-            "mode": mode,
-            "precision": precision,
-            "beam_size": beam_size,
-            "xla": xla,
-            "batch": args.batch,
-            "source_tokens": args.length,
-            "generated_tokens": args.length,
-            "d_model": args.d_model,
-            "layers": args.layers,
-            "vocab_size": args.vocab_size,
-            "candidates": args.vocab_size if candidates is None else len(candidates),
-            "seconds": round(seconds, 4),
-            "gen_tokens_per_s": round(args.batch * args.length / seconds, 1),
-            "peak_rss_mb": round(peak_rss_mb(), 1),
-        }
-    )
+    emit({"benchmark": "decode", "mode": mode, "precision": precision, "beam_size": beam_size, "xla": xla,
+          "batch": args.batch, "source_tokens": args.length, "generated_tokens": args.length, "d_model": args.d_model,
+          "layers": args.layers, "vocab_size": args.vocab_size,
+          "candidates": args.vocab_size if candidates is None else len(candidates), "seconds": round(seconds, 4),
+          "gen_tokens_per_s": round(args.batch * args.length / seconds, 1), "peak_rss_mb": round(peak_rss_mb(), 1)})  # fmt: skip
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat, in one process")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=32, help="source and generated tokens")
     parser.add_argument("--d-model", type=int, default=256)
@@ -179,8 +159,6 @@ def main(argv=None):
     parser.add_argument("--only", help="one measurement, MODE:BEAM:XLA[:PRECISION[:full]] (e.g. cached:4:1); the default runs "
                         "all, each in its own process so that peak memory is its own")
     args = parser.parse_args(argv)
-    if args.smoke:  # every kind of row, a shortlist too
-        args.ctranslate2_types, args.shortlist = "float32,int8", 20
     rows = []
     for row in ROWS:  # a CTranslate2 row for each compute type
         rows += [(*row, t) for t in args.ctranslate2_types.split(",")] if row[0] == "ctranslate2" else [row]
@@ -190,18 +168,12 @@ def main(argv=None):
     if args.shortlist:  # each of ours over the whole vocabulary too: the shortlist's own speed-up
         rows += [(mode, beam_size, xla, *(precision or ["float32"]), "full")
                  for mode, beam_size, xla, *precision in rows if mode != "ctranslate2"]  # fmt: skip
-    if args.smoke:
-        args.batch, args.length, args.d_model, args.layers, args.d_ff, args.vocab_size, args.repeats = 2, 4, 16, 1, 32, 50, 1
     if args.only:
         mode, beam_size, xla, *precision = args.only.split(":")
         measure(mode, int(beam_size), bool(int(xla)), args, *precision)
         return
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-              if k not in ("smoke", "only", "rounds", "precisions", "modes", "ctranslate2_types")]  # fmt: skip
-    if args.smoke:
-        for mode, beam_size, xla, *precision in rows + CONTEXT_ROWS:
-            measure(mode, beam_size, xla, args, *precision)
-        return
+              if k not in ("only", "rounds", "precisions", "modes", "ctranslate2_types")]  # fmt: skip
     if any(row[0] == "ctranslate2" for row in rows) and ctranslate2_reference.available():
         # Its faster matrix library here, chosen once on this model; the rows' processes inherit it.
         with tempfile.TemporaryDirectory() as directory:
@@ -213,37 +185,29 @@ def main(argv=None):
         for row in CONTEXT_ROWS:
             _run(row, passed)
     ratios = {}  # row name -> its ratio to CTranslate2 (or to float32) in each round
+    key = lambda r: (r["mode"], r["beam_size"], r["xla"], r["precision"])  # noqa: E731  (a row but for its vocabulary)
+    suffix = lambda dtype, prefix: "" if dtype == "float32" else prefix + dtype  # noqa: E731  (none for the default)
     for records in rounds:
         # With --shortlist, the rows scored over it; the whole vocabulary's rows are its baseline.
         main = [r for r in records if not args.shortlist or r["candidates"] == args.shortlist]
-        full = {_key(r): r["gen_tokens_per_s"] for r in records if args.shortlist and r["candidates"] == args.vocab_size}
+        full = {key(r): r["gen_tokens_per_s"] for r in records if args.shortlist and r["candidates"] == args.vocab_size}
         references = {(r["beam_size"], r["precision"]): r["gen_tokens_per_s"] for r in main if r["mode"] == "ctranslate2"}
         float32 = {r["beam_size"]: r["gen_tokens_per_s"] for r in main if r["mode"] == "served" and r["precision"] == "float32"}
         for r in main:
             if r["mode"] == "ctranslate2":
                 continue
-            row = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}" + _suffix(r["precision"], "_")
-            if _key(r) in full:
-                ratios.setdefault(row + "_shortlist_vs_full", []).append(r["gen_tokens_per_s"] / full[_key(r)])
+            row = f"{r['mode']}_beam{r['beam_size']}_{'xla' if r['xla'] else 'graph'}" + suffix(r["precision"], "_")
+            if key(r) in full:
+                ratios.setdefault(row + "_shortlist_vs_full", []).append(r["gen_tokens_per_s"] / full[key(r)])
             if r["precision"] != "float32" and r["beam_size"] in float32:
                 name = f"served_beam{r['beam_size']}_{r['precision']}_vs_float32"
                 ratios.setdefault(name, []).append(r["gen_tokens_per_s"] / float32[r["beam_size"]])
             for (beam_size, compute_type), reference in references.items():
                 if beam_size == r["beam_size"]:  # against CTranslate2's float32, and _vs_int8 against its int8
-                    ratios.setdefault(row + _suffix(compute_type, "_vs_"), []).append(r["gen_tokens_per_s"] / reference)
+                    ratios.setdefault(row + suffix(compute_type, "_vs_"), []).append(r["gen_tokens_per_s"] / reference)
     if ratios:
         summary = {name: ratio_summary(values, digits=2) for name, values in ratios.items()}
         emit({"benchmark": "decode_vs_ctranslate2", "rounds": args.rounds, **summary})
-
-
-def _key(record):
-    """What a row measures apart from its vocabulary."""
-    return record["mode"], record["beam_size"], record["xla"], record["precision"]
-
-
-def _suffix(dtype, prefix):
-    """A row name's part for a dtype: none for float32, the default."""
-    return "" if dtype == "float32" else prefix + dtype
 
 
 def _run(row, passed):

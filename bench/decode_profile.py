@@ -2,7 +2,6 @@
 by op type, with their count and time, under TensorFlow's profiler.
 
     python -m bench.decode_profile --export-dir exports/demo/1 --sentences FILE [--batch 32]
-    python -m bench.decode_profile --smoke                 # seconds: the smoke export (bench/smoke.py)
 
 `serving_default` translates the first --batch sentences of FILE --calls times under the README's
 TF Serving threads; the op events inside the search loops (`/while/body/`) are grouped by type
@@ -17,14 +16,10 @@ import os
 import tempfile
 import time
 
-from keras_transformer.quiet import quiet_tensorflow
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
 
-quiet_tensorflow()
-
-import tensorflow as tf  # noqa: E402
-import tensorflow_text  # noqa: E402,F401  (the SentencePiece ops of the SavedModel)
-
-from bench.common import emit, run_isolated  # noqa: E402
+from bench.common import emit
 
 
 def profile(export_dir, sentences, calls, top):
@@ -56,40 +51,22 @@ def profile(export_dir, sentences, calls, top):
                     micros[kind] += event.duration_ps / 1e6
     steps = max(1, round(counts["All"] / calls))  # the loop condition's `ops.all(done)`: once a step
     total = sum(micros.values())
-    emit({
-        "benchmark": "decode_profile",
-        "export": export_dir,
-        "batch": len(sentences),
-        "wall_ms_per_call": round(1000 * wall, 2),
-        "loop_steps_per_call": steps,
-        "ops_per_step": round(sum(counts.values()) / calls / steps, 1),
-        "op_us_per_step": round(total / calls / steps, 1),
-        "op_types": [
-            {"op": kind, "per_step": round(counts[kind] / calls / steps, 1), "share": round(micros[kind] / total, 4)}
-            for kind, _ in micros.most_common(top)
-        ],
-    })  # fmt: skip
+    emit({"benchmark": "decode_profile", "export": export_dir, "batch": len(sentences),
+          "wall_ms_per_call": round(1000 * wall, 2), "loop_steps_per_call": steps,
+          "ops_per_step": round(sum(counts.values()) / calls / steps, 1),
+          "op_us_per_step": round(total / calls / steps, 1), "op_types": [
+          {"op": kind, "per_step": round(counts[kind] / calls / steps, 1), "share": round(micros[kind] / total, 4)}
+          for kind, _ in micros.most_common(top) ]})  # fmt: skip
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--export-dir", help="a SavedModel version folder of python -m export")
-    parser.add_argument("--sentences", help="a file of source sentences, one a line")
+    parser.add_argument("--export-dir", required=True, help="a SavedModel version folder of python -m export")
+    parser.add_argument("--sentences", required=True, help="a file of source sentences, one a line")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--calls", type=int, default=3, help="profiled calls")
     parser.add_argument("--top", type=int, default=15, help="op types listed")
-    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    if args.smoke:
-        from bench import smoke
-
-        with tempfile.TemporaryDirectory() as scratch:  # the profile in a fresh process: its threads are set at start
-            exported = smoke.export(scratch)
-            sentences = os.path.join(scratch, "sentences.txt")
-            with open(sentences, "w") as f:
-                f.write("a small test\nanother sentence here\n")
-            run_isolated("bench.decode_profile", [f"--export-dir={exported}", f"--sentences={sentences}", "--calls=1"])
-        return
     with open(args.sentences, encoding="utf-8") as f:
         sentences = f.read().splitlines()[: args.batch]
     profile(args.export_dir, sentences, args.calls, args.top)

@@ -3,61 +3,42 @@ captions) translates news (newstest2014) (a) as it is, (b) fine-tuned on 2,000 n
 (`--init-from`), and (c) against a model of the same size trained on those 2,000 pairs alone.
 
     python -m bench.finetune --multi30k ../shared/data/multi30k --news ../shared/data/newstest2014 --run-dir runs/finetune
-    python -m bench.finetune --smoke    # seconds: the smoke run as the general model, synthetic "news"
 
 newstest2014's 3,003 lines, in file order: the first 2,000 train (b) and (c); of the other 1,003,
-the first 500 are dev (each run keeps the checkpoint of its best dev BLEU, `--keep-best`, which is
+the first 500 are dev (--news-split) (each run keeps the checkpoint of its best dev BLEU, `--keep-best`, which is
 what (b) and (c) are scored with) and the last 503 test. Each row is scored on news test with
 cased sacreBLEU (beam 4, alpha 0.6), the general model before and after fine-tuning also on
 Multi30k's test2016 (how much it forgets), with the minutes each run trained. `--general RUN`
 reuses a trained Multi30k run (`python -m bench.multi30k`'s, of any config) instead of training
-one. One JSON line a row; the run folders stay in --run-dir.
+one. Other flags go to training.train, after the recipe's. One JSON line a row; the run folders
+stay in --run-dir.
 """
 
 import argparse
 import os
-import tempfile
 
-from keras_transformer.quiet import quiet_tensorflow
+from bench.common import emit
+from bench.multi30k import test_split
+from training import data, evaluate, train
+from training.run_folder import RunFolder
 
-quiet_tensorflow()
-
-from bench import smoke  # noqa: E402
-from bench.common import emit  # noqa: E402
-from bench.multi30k import test_split  # noqa: E402
-from training import data, evaluate, synthetic, train  # noqa: E402
-from training.recipes import MECHANICS  # noqa: E402
-from training.run_folder import RunFolder  # noqa: E402
-
-NEWS_TRAIN, NEWS_DEV = 2000, 500  # the test split: the rest
 # No XLA, as bench/multi30k.py's recipe: on a CPU it does not speed the step up and compiles each bucket's shape.
 GENERAL = ["--config", "small", "--source-lang", "en", "--target-lang", "de", "--dev-split", "val", "--no-xla", "--no-evaluate"]
 # (b) and (c): the same schedule and model selection on news dev.
-ADAPTED = ["--source-lang", "en", "--target-lang", "de", "--keep-best", "--eval-sentences", str(NEWS_DEV), "--no-xla",
+ADAPTED = ["--source-lang", "en", "--target-lang", "de", "--keep-best", "--no-xla",
            "--no-evaluate"]  # scored below, on the best checkpoint: no test evaluation of the last
-SMOKE = [*MECHANICS, "--steps", "4", "--steps-per-call", "2", "--checkpoint-every", "2", "--eval-every", "2",
-         "--no-evaluate"]  # fmt: skip
 
 
-def write_news(news_dir, folder, smoke_mode=False):
-    """`folder` with train, dev and test files (.en, .de) cut from newstest2014 in file order (in
-    the smoke mode, from the synthetic corpus of another seed)."""
-    if smoke_mode:
-        splits = synthetic.generate_splits(seed=7, train=40, dev=6, test=6)
-        pairs = {name: list(zip(*splits[name])) for name in ("train", "dev", "test")}
-    else:
-        lines = []
-        for lang in ("en", "de"):
-            with open(os.path.join(news_dir, f"newstest2014.{lang}"), encoding="utf-8") as f:
-                lines.append(f.read().splitlines())
-        end = NEWS_TRAIN + NEWS_DEV
-        pairs = {"train": [side[:NEWS_TRAIN] for side in lines], "dev": [side[NEWS_TRAIN:end] for side in lines],
-                 "test": [side[end:] for side in lines]}  # fmt: skip
+def write_news(news_dir, folder, train_pairs, dev_pairs):
+    """`folder` with train, dev and test files (.en, .de) cut from newstest2014 in file order."""
     os.makedirs(folder, exist_ok=True)
-    for split, sides in pairs.items():
-        for lang, side in zip(("en", "de"), sides):
+    for lang in ("en", "de"):
+        with open(os.path.join(news_dir, f"newstest2014.{lang}"), encoding="utf-8") as f:
+            lines = f.read().splitlines(keepends=True)
+        cuts = {"train": (0, train_pairs), "dev": (train_pairs, train_pairs + dev_pairs), "test": (train_pairs + dev_pairs, None)}
+        for split, (begin, end) in cuts.items():
             with open(os.path.join(folder, f"{split}.{lang}"), "w", encoding="utf-8") as f:
-                f.writelines(line + "\n" for line in side)
+                f.writelines(lines[begin:end])
     return folder
 
 
@@ -79,47 +60,49 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--multi30k", help="the Multi30k folder (train, val, test2016 .en / .de)")
     parser.add_argument("--news", help="the folder of newstest2014.en / .de")
-    parser.add_argument("--run-dir", help="where the runs go (default: runs/finetune; with --smoke: a temporary one)")
+    parser.add_argument("--run-dir", help="where the runs go (default: runs/finetune)")
     parser.add_argument("--general", help="a trained Multi30k run to adapt, instead of training one")
     parser.add_argument("--general-minutes", type=float, default=40)
     parser.add_argument("--adapt-minutes", type=float, default=10, help="for (b) and for (c) each")
     parser.add_argument("--evaluations", type=int, default=5, help="dev evaluations a run, evenly spaced in its minutes")
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args(argv)
-    if not args.smoke and not (args.news and (args.multi30k or args.general)):
-        parser.error("give --news and --multi30k (or --general RUN), or --smoke")
-    with tempfile.TemporaryDirectory() as scratch:
-        base = args.run_dir or (scratch if args.smoke else "runs/finetune")
-        news_dir = write_news(args.news, os.path.join(base, "news"), args.smoke)
-        news, limit = data.text_file_corpus(news_dir, "en", "de"), 8 if args.smoke else None
-        budget = lambda minutes: SMOKE if args.smoke else ["--max-minutes", str(minutes), "--eval-every-minutes",  # noqa: E731
-                                                          str(minutes / args.evaluations), "--checkpoint-every", "1000"]  # fmt: skip
-        general, minutes = args.general, None
-        if args.smoke:
-            general = smoke.run(scratch)
-        elif general is None:
-            general = os.path.join(base, "general")
-            flags = ["--dataset", args.multi30k, "--test-split", test_split(args.multi30k), *GENERAL]
-            minutes = trained(general, [*flags, *budget(args.general_minutes), "--keep-best"])
-        source = RunFolder(general)
-        own = source.load_corpus()  # the general model's own test split: Multi30k's test2016
-        config = source.config()  # its preset, and any model flag it changed
-        model_flags = [f"--config={source.settings()['config']}", *(f"--{name.replace('_', '-')}={getattr(config, name)}"
-                       for name in ("encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "max_length"))]  # fmt: skip
-        checkpoint = "best" if source.best().get("file") else "latest"
-        rows = {"a_general_as_is": (general, checkpoint, minutes)}
-        tuned, scratch_run = os.path.join(base, "finetuned"), os.path.join(base, "scratch")
-        news_flags = ["--dataset", news_dir, *ADAPTED, *budget(args.adapt_minutes), *model_flags]
-        rows["b_finetuned"] = (tuned, "best", trained(tuned, [*news_flags, "--init-from", f"{general}:{checkpoint}"]))
-        scratch_flags = [*news_flags, "--vocab-size", str(source.load_tokenizer().vocab_size)]
-        rows["c_from_scratch"] = (scratch_run, "best", trained(scratch_run, scratch_flags))
-        for row, (run_dir, name, minutes) in rows.items():
-            metrics = score(run_dir, name, news, limit)
-            record = {"benchmark": "finetune", "row": row, "news_test_bleu": metrics["bleu"], "signature": metrics["signature"],
-                      "news_test_sentences": metrics["sentences"], "train_minutes": minutes, "run": run_dir}  # fmt: skip
-            if row != "c_from_scratch":
-                record["multi30k_test_bleu"] = score(run_dir, name, own, limit)["bleu"]
-            emit(record)
+    parser.add_argument("--news-split", default="2000,500", help="newstest2014's first TRAIN,DEV lines (the rest: test)")
+    parser.add_argument("--limit", type=int, help="the first N test sentences scored (default: all)")
+    args, extra_flags = parser.parse_known_args(argv)
+    if not (args.news and (args.multi30k or args.general)):
+        parser.error("give --news and --multi30k (or --general RUN)")
+    train_pairs, dev_pairs = map(int, args.news_split.split(","))
+    base = args.run_dir or "runs/finetune"
+    news_dir = write_news(args.news, os.path.join(base, "news"), train_pairs, dev_pairs)
+    news = data.text_file_corpus(news_dir, "en", "de")
+
+    def budget(minutes):
+        return ["--max-minutes", str(minutes), "--eval-every-minutes", str(minutes / args.evaluations),
+                "--checkpoint-every", "1000", *extra_flags]  # fmt: skip
+
+    general, minutes = args.general, None
+    if general is None:
+        general = os.path.join(base, "general")
+        flags = ["--dataset", args.multi30k, "--test-split", test_split(args.multi30k), *GENERAL]
+        minutes = trained(general, [*flags, *budget(args.general_minutes), "--keep-best"])
+    source = RunFolder(general)
+    own = source.load_corpus()  # the general model's own test split: Multi30k's test2016
+    config = source.config()  # its preset, and any model flag it changed
+    model_flags = [f"--config={source.settings()['config']}", *(f"--{name.replace('_', '-')}={getattr(config, name)}"
+                   for name in ("encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "max_length"))]  # fmt: skip
+    checkpoint = "best" if source.best().get("file") else "latest"
+    rows = {"a_general_as_is": (general, checkpoint, minutes)}
+    tuned, scratch_run = os.path.join(base, "finetuned"), os.path.join(base, "scratch")
+    news_flags = ["--dataset", news_dir, *ADAPTED, "--eval-sentences", str(dev_pairs), *budget(args.adapt_minutes), *model_flags]
+    rows["b_finetuned"] = (tuned, "best", trained(tuned, [*news_flags, "--init-from", f"{general}:{checkpoint}"]))
+    scratch_flags = [*news_flags, "--vocab-size", str(source.load_tokenizer().vocab_size)]
+    rows["c_from_scratch"] = (scratch_run, "best", trained(scratch_run, scratch_flags))
+    for row, (run_dir, name, minutes) in rows.items():
+        metrics = score(run_dir, name, news, args.limit)
+        record = {"benchmark": "finetune", "row": row, "news_test_bleu": metrics["bleu"], "signature": metrics["signature"],
+                  "news_test_sentences": metrics["sentences"], "train_minutes": minutes, "run": run_dir}  # fmt: skip
+        if row != "c_from_scratch":
+            record["multi30k_test_bleu"] = score(run_dir, name, own, args.limit)["bleu"]
+        emit(record)
 
 
 if __name__ == "__main__":

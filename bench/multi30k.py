@@ -2,31 +2,25 @@
 machine within a time budget, scored on test2016.
 
     python -m bench.multi30k --data ../shared/data/multi30k --run-dir runs/multi30k
-    python -m bench.multi30k --smoke    # seconds: a tiny model on a folder made from the synthetic corpus
 
 `training.train` with the `multi30k` preset (RECIPE) and --max-minutes; the last 5 checkpoints
 averaged; val chooses the checkpoint, beam and alpha (DECODING_GRID); test2016 is translated once
 (with --probe, not at all). One JSON line: cased sacreBLEU, chrF and lowercased BLEU on val and
-test2016, steps, times, and the learning curve's PNG. The same --run-dir resumes.
+test2016, steps, times, and the learning curve's PNG. The same --run-dir resumes. Other flags go to
+training.train, after the recipe's.
 """
 
 import argparse
 import os
-import tempfile
 import time
 
-from keras_transformer.quiet import quiet_tensorflow
+import tensorflow as tf
 
-quiet_tensorflow()
-
-import tensorflow as tf  # noqa: E402
-
-from bench.common import emit, peak_rss_mb  # noqa: E402
-from keras_transformer.search import DecodingSettings  # noqa: E402
-from training import evaluate, learning_curve, synthetic, train  # noqa: E402
-from training.average_checkpoints import average_checkpoints  # noqa: E402
-from training.recipes import MECHANICS  # noqa: E402
-from training.run_folder import RunFolder  # noqa: E402
+from bench.common import emit, peak_rss_mb
+from keras_transformer.search import DecodingSettings
+from training import evaluate, learning_curve, train
+from training.average_checkpoints import average_checkpoints
+from training.run_folder import RunFolder
 
 AVERAGE_LAST = 5
 # The `multi30k` preset (4 + 4 layers of width 128, dropout 0.3, 8,000 shared BPE pieces,
@@ -39,20 +33,8 @@ RECIPE = ["--config", "multi30k", "--no-xla", "--max-minutes", "108", "--checkpo
 # Beam sizes and alphas tried on val after the paper's (--beam-size, --alpha); test2016 is
 # translated once, with the best of them on val.
 DECODING_GRID = ((4, 1.0), (8, 0.6), (8, 1.0))
-# The smoke mode: training/recipes.py MECHANICS, shortened, with dev points for the learning curve.
-SMOKE = ["--config", "tiny", *MECHANICS, "--steps", "6", "--steps-per-call", "2", "--checkpoint-every", "2",
-         "--eval-every-minutes", "0.001"]  # fmt: skip
 # The test split's file names: ours, then the Multi30k repository's.
 TEST_SPLITS = ("test2016", "test_2016_flickr")
-
-
-def write_smoke_data(directory):
-    """A Multi30k-shaped folder of synthetic sentence pairs (the smoke mode's data)."""
-    splits = synthetic.generate_splits(seed=0, train=300, dev=8, test=8)
-    for split, prefix in (("train", "train"), ("dev", "val"), ("test", TEST_SPLITS[-1])):
-        for side, lang in enumerate(("en", "de")):
-            with open(os.path.join(directory, f"{prefix}.{lang}"), "w", encoding="utf-8") as f:
-                f.writelines(pair[side] + "\n" for pair in splits[split])
 
 
 def test_split(data_dir):
@@ -100,24 +82,13 @@ def run(data_dir, run_dir, extra_flags=(), probe=False):
         metrics.update(test)
         record.update({"test_set": "multi30k test2016 en-de", **{name: test[name] for name in scores}})
     folder.update_metrics(metrics)
-    emit(
-        {
-            **record,
-            **{f"dev_{name}": dev[name] for name in ("bleu", "chrf", "bleu_lowercase")},
-            "dev_bleu_last_checkpoint": tried[1]["bleu"],  # the last checkpoint with the paper's decoding
-            "checkpoint": dev["checkpoint"],
-            "beam_size": settings.beam_size,
-            "alpha": settings.alpha,
-            "averaged_checkpoints": len(averaged_paths),
-            "steps": trained["steps"],
-            "train_seconds": trained["train_seconds"],
-            "wall_seconds": round(time.perf_counter() - start, 1),
-            "parameters": model.count_params(),
-            "peak_rss_mb": round(peak_rss_mb(), 1),
-            "learning_curve": learning_curve.plot(run_dir),
-            "recipe": " ".join(RECIPE + list(extra_flags)),
-        }
-    )
+    emit({**record, **{f"dev_{name}": dev[name] for name in ("bleu", "chrf", "bleu_lowercase")},
+          "dev_bleu_last_checkpoint": tried[1]["bleu"],  # the last checkpoint with the paper's decoding
+          "checkpoint": dev["checkpoint"], "beam_size": settings.beam_size, "alpha": settings.alpha,
+          "averaged_checkpoints": len(averaged_paths), "steps": trained["steps"],
+          "train_seconds": trained["train_seconds"], "wall_seconds": round(time.perf_counter() - start, 1),
+          "parameters": model.count_params(), "peak_rss_mb": round(peak_rss_mb(), 1),
+          "learning_curve": learning_curve.plot(run_dir), "recipe": " ".join(RECIPE + list(extra_flags))})  # fmt: skip
 
 
 def choose_on_val(models, tokenizer, corpus, default, grid, run_dir):
@@ -149,21 +120,14 @@ def choose_on_val(models, tokenizer, corpus, default, grid, run_dir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", help="the Multi30k folder (here: ../shared/data/multi30k)")
-    parser.add_argument("--run-dir", help="the run folder (default: runs/multi30k; with --smoke: a temporary one)")
-    parser.add_argument("--smoke", action="store_true", help="a tiny model on tiny synthetic data, in seconds")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # fmt: skip
+    parser.add_argument("--data", required=True, help="the Multi30k folder (here: ../shared/data/multi30k)")
+    parser.add_argument("--run-dir", default="runs/multi30k", help="the run folder (default: runs/multi30k)")
     parser.add_argument("--probe", action="store_true", help="score val only (beam 4, alpha 0.6), leaving test2016 unread: for "
                         "short runs that compare settings (e.g. --probe --max-minutes 20 --dropout 0.3)")
     args, extra_flags = parser.parse_known_args(argv)  # the rest goes to training.train (e.g. --max-minutes 30)
-    if args.smoke:
-        with tempfile.TemporaryDirectory() as scratch:
-            write_smoke_data(scratch)
-            run(scratch, args.run_dir or os.path.join(scratch, "run"), SMOKE + extra_flags, args.probe)
-        return
-    if not args.data:
-        parser.error("--data is required (a folder with train.en, train.de, val.*, test2016.*), or --smoke")
-    run(args.data, args.run_dir or "runs/multi30k", extra_flags, args.probe)
+    run(args.data, args.run_dir, extra_flags, args.probe)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ training the base model. Two rows: the first epoch, which tokenizes the split in
 it reads them (`training.tokenized.TokenizedShards`), and later epochs, which read the shards.
 
     python -m bench.pipeline --data ../shared/data/multi30k   # Multi30k EN-DE, 25,000-token batches
-    python -m bench.pipeline --smoke                          # seconds: the synthetic corpus
 
 The chip's appetite is an estimate: the base model's training FLOPs a target token at 40% of the
 chip's 197 bf16 TFLOP/s; `cores_per_chip` is how many host cores at this speed keep it fed.
@@ -15,18 +14,14 @@ import os
 import tempfile
 import time
 
-from keras_transformer.quiet import quiet_tensorflow
+import numpy as np
 
-quiet_tensorflow()
-
-import numpy as np  # noqa: E402
-
-from bench.common import emit, peak_rss_mb  # noqa: E402
-from bench.train_throughput import training_flops  # noqa: E402
-from keras_transformer import PAD_ID, TransformerConfig  # noqa: E402
-from training import data  # noqa: E402
-from training.tokenized import TokenizedShards  # noqa: E402
-from training.tokenizer import Tokenizer, train_sentencepiece  # noqa: E402
+from bench.common import emit, peak_rss_mb
+from bench.train_throughput import training_flops
+from keras_transformer import PAD_ID, TransformerConfig
+from training import data
+from training.tokenized import TokenizedShards
+from training.tokenizer import Tokenizer, train_sentencepiece
 
 V5E_BF16_FLOPS = 197e12
 UTILISATION = 0.4
@@ -53,19 +48,13 @@ def measure(tokenized, batch_tokens, batches, warmup):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", help="a Multi30k folder (train.en, train.de)")
+    parser.add_argument("--data", required=True, help="a Multi30k folder (train, val and test2016 .en / .de)")
     parser.add_argument("--batch-tokens", type=int, default=25_000)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--batches", type=int, default=200, help="batches timed")
     parser.add_argument("--warmup", type=int, default=20, help="batches read before timing")
-    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    if args.smoke:
-        corpus, args.vocab_size, args.batch_tokens, args.batches, args.warmup = data.load_corpus("synthetic"), 300, 2000, 5, 2
-    elif args.data:
-        corpus = data.text_file_corpus(args.data, "en", "de", {"dev": "val", "test": "test2016"})
-    else:
-        parser.error("--data is required (a Multi30k folder), or --smoke")
+    corpus = data.text_file_corpus(args.data, "en", "de", {"dev": "val", "test": "test2016"})
     chip, flops_per_token = v5e_chip_target_tokens_per_second()
     cores = os.cpu_count()
     with tempfile.TemporaryDirectory() as scratch:
@@ -80,22 +69,14 @@ def main(argv=None):
             tokens_per_second = measure(tokenized, args.batch_tokens, args.batches, args.warmup)
             tokenized.close()
             tokenized.write_all()  # the rest, for the later epochs' row
-            emit(
-                {
-                    "benchmark": "pipeline",
-                    "mode": mode,
-                    "corpus": corpus.name,
-                    "batch_tokens": args.batch_tokens,
-                    "tgt_tokens_per_s": round(tokens_per_second),
-                    "tgt_tokens_per_s_per_core": round(tokens_per_second / cores),
-                    "v5e_chip_tgt_tokens_per_s_estimate": round(chip),
-                    "base_training_flops_per_tgt_token": round(flops_per_token),
-                    "cores_per_chip": round(chip / (tokens_per_second / cores), 1),
-                    "tokenize_split_seconds": round(tokenize_seconds, 1),
-                    "pairs": text.num_pairs,
-                    "peak_rss_mb": round(peak_rss_mb(), 1),
-                }
-            )
+            emit({"benchmark": "pipeline", "mode": mode, "corpus": corpus.name, "batch_tokens": args.batch_tokens,
+                  "tgt_tokens_per_s": round(tokens_per_second),
+                  "tgt_tokens_per_s_per_core": round(tokens_per_second / cores),
+                  "v5e_chip_tgt_tokens_per_s_estimate": round(chip),
+                  "base_training_flops_per_tgt_token": round(flops_per_token),
+                  "cores_per_chip": round(chip / (tokens_per_second / cores), 1),
+                  "tokenize_split_seconds": round(tokenize_seconds, 1), "pairs": text.num_pairs,
+                  "peak_rss_mb": round(peak_rss_mb(), 1)})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,21 +1,25 @@
 """Serving real text: a trained run's SavedModel against CTranslate2 on the same weights, on the
-run's own test sentences, in sentences per second, with both BLEUs (so that both are seen to
-decode the same) and the share of equal translations.
+run's own test sentences, in sentences per second and per-request latency, with both BLEUs (so
+that both are seen to decode the same) and the share of equal translations; and each export's
+cold start as a server sees it.
 
     python -m bench.real_serving --run-dir runs/demo            # the README's demo model
     python -m bench.real_serving --run-dir runs/multi30k        # a multi30k-preset model
     python -m bench.real_serving --run-dir runs/multi30k --run-dir runs/shallow --exports default,shortlist
-    python -m bench.real_serving --smoke                        # seconds: the smoke export (bench/smoke.py)
+    python -m bench.real_serving --run-dir runs/multi30k --exports default --ctranslate2 none --batch-sizes 1,32
 
 Each run is exported once per --beam-sizes, --stopping rule and --exports kind (default, xla,
-shortlist: `python -m export --shortlist`, or xla+shortlist) and converted for CTranslate2 once
-per --ctranslate2 weight type (`python -m export.ctranslate2`), which is also measured with its
-vocabulary map (`use_vmap`) where an export has the shortlist. Each measurement is a fresh
-process; all systems of all runs alternate, round after round (--rounds). A ratio is an
-export's sentences/s over another system's in the same round: CTranslate2 on its own run's
-weights and on the first run's, and the default export of both runs. How each side is run:
-bench/README.md, "Serving real text". Without CTranslate2 (`pip install -r
-export/requirements.txt`) only ours is measured.
+shortlist: `python -m export --shortlist`, or xla+shortlist; or --export, one made already) and
+converted for CTranslate2 once per --ctranslate2 weight type (`python -m export.ctranslate2`),
+which is also measured with its vocabulary map (`use_vmap`) where an export has the shortlist.
+Each measurement is a fresh process, and ours starts as a server does: load, TF Serving's
+warm-up requests, one sentence, then the run's test sentences in requests of each batch size
+(the model's own time, without HTTP or gRPC), under the README's TF Serving threads (or
+TensorFlow's defaults: --tensorflow-threads). All systems of all runs alternate, round after
+round (--rounds). A ratio is an export's sentences/s over another system's in the same round:
+CTranslate2 on its own run's weights and on the first run's, and the default export of both
+runs. How each side is run: bench/README.md, "Serving real text". Without CTranslate2 (`pip
+install -r export/requirements.txt`) only ours is measured.
 """
 
 import argparse
@@ -26,34 +30,48 @@ import sys
 import tempfile
 import time
 
-from keras_transformer.quiet import quiet_tensorflow
+import numpy as np
 
-quiet_tensorflow()
-
-import numpy as np  # noqa: E402
-
-from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated  # noqa: E402
-from export.layout import read_metadata  # noqa: E402
+from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated
+from export.layout import WARMUP_REQUESTS, read_metadata
 
 
-def measure_ours(export_dir, sentences, batch):
+def measure_ours(export_dir, sentences, batch, serving_threads=True):
+    """Our export, started as a server starts it; returns its translations of `sentences`, each
+    request's seconds, and its cold start: load, warm-up and the first request of one sentence."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
 
-    from bench.serving import replay_warmup_requests
     from export.serving import use_serving_threads
 
-    use_serving_threads()
+    if serving_threads:
+        use_serving_threads()
     start = time.perf_counter()
     loaded = tf.saved_model.load(export_dir)
     serve = loaded.signatures["serving_default"]
+    load = time.perf_counter()
     replay_warmup_requests(export_dir, loaded)
-    ready = {"ready_s": round(time.perf_counter() - start, 1)}  # loaded and warmed up, as a server before it serves
+    warm = time.perf_counter()
 
     def translate(texts):
         return [t.decode("utf-8") for t in serve(text=tf.constant(texts))["translation"].numpy()]
 
-    return (*_timed_pass(translate, sentences, batch), ready)
+    translate(sentences[:1])
+    cold = {"load_s": round(load - start, 2), "warmup_s": round(warm - load, 2),
+            "first_request_ms": round(1000 * (time.perf_counter() - warm), 1)}  # fmt: skip
+    return (*_timed_pass(translate, sentences, batch), cold)
+
+
+def replay_warmup_requests(export_dir, loaded):
+    """What TF Serving does before it serves a new version: run the requests of the SavedModel's
+    warm-up file (PredictionLog records) through the signatures they name of `loaded`."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    for record in tf.data.TFRecordDataset(os.path.join(export_dir, WARMUP_REQUESTS)):
+        request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+        signature = loaded.signatures[request.model_spec.signature_name]
+        signature(**{name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()})
 
 
 def measure_ctranslate2(model_dir, sentences, batch, beam_size, alpha, max_length_b, use_vmap=False):
@@ -95,34 +113,18 @@ def worker(args):
     sources, references = list(sources), list(references)
     decoding = read_metadata(args.export_dir)
     if args.worker == "ours":
-        translations, seconds, ready = measure_ours(args.export_dir, sources, args.batch)
+        translations, seconds, cold = measure_ours(args.export_dir, sources, args.batch, not args.tensorflow_threads)
     else:
-        translations, seconds, ready = measure_ctranslate2(args.ctranslate2_dir, sources, args.batch, decoding["beam_size"],
+        translations, seconds, cold = measure_ctranslate2(args.ctranslate2_dir, sources, args.batch, decoding["beam_size"],
                                                            decoding["alpha"], decoding["max_length_b"], args.use_vmap)  # fmt: skip
     with open(args.translations, "w", encoding="utf-8") as f:
         json.dump(translations, f, ensure_ascii=False)
-    latency = {}
-    if args.batch == 1:
-        latency = {f"p{p}_ms": round(1000 * float(np.percentile(seconds, p)), 2) for p in (50, 95)}
-    emit({
-        "benchmark": "real_serving",
-        "system": args.label,
-        "round": args.round,
-        "beam_size": decoding["beam_size"],
-        "stopping": decoding["stopping"],
-        "batch": args.batch,
-        "sentences": len(sources),
-        "sentences_per_s": round(len(sources) / sum(seconds), 1),
-        **latency,
-        **ready,
-        "bleu": round(sacrebleu.corpus_bleu(translations, [references]).score, 2),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-    })  # fmt: skip
-
-
-def _weights(model_dir):
-    """The weight type a CTranslate2 model directory was converted to (its folder's name)."""
-    return os.path.basename(model_dir.rstrip(os.sep))
+    emit({"benchmark": "real_serving", "system": args.label, "round": args.round, "beam_size": decoding["beam_size"],
+          "stopping": decoding["stopping"], "batch": args.batch, "sentences": len(sources),
+          "sentences_per_s": round(len(sources) / sum(seconds), 1),
+          **{f"p{p}_ms": round(1000 * float(np.percentile(seconds, p)), 2) for p in (50, 95)}, **cold,
+          "bleu": round(sacrebleu.corpus_bleu(translations, [references]).score, 2),
+          "peak_rss_mb": round(peak_rss_mb(), 1)})  # fmt: skip
 
 
 class Run:
@@ -142,7 +144,7 @@ class Run:
         vmap = [False, True] if any("shortlist" in kind for kind in exports) else [False]
         for directory in self.ctranslate2:
             for use_vmap in vmap:
-                label = f"{self.name}/ctranslate2_{_weights(directory)}" + ("_vmap" if use_vmap else "")
+                label = f"{self.name}/ctranslate2_{os.path.basename(directory)}" + ("_vmap" if use_vmap else "")  # its weights
                 systems.append((label, ["--worker=ctranslate2", f"--ctranslate2-dir={directory}", f"--export-dir={any_export}",
                                         *(["--use-vmap"] if use_vmap else [])]))  # fmt: skip
         return systems
@@ -163,24 +165,27 @@ def write_pairs(pairs, scratch):
     return path
 
 
-def prepare(run_dir, scratch, args, name):
-    """Exports the run into `scratch` for each beam size, stopping rule and kind and converts it
-    for CTranslate2 for each weight type; returns the `Run`."""
+def prepare(run_dir, scratch, args, name, given=None):
+    """Exports the run into `scratch` for each beam size, stopping rule and kind (or takes the
+    export `given`) and converts it for CTranslate2 for each weight type; returns the `Run`."""
     from bench import ctranslate2_reference
-    from bench.serving import export_search
     from export import ctranslate2 as conversion
+    from export.saved_model import export
     from export.xla import CompiledShapes
     from keras_transformer.search import DecodingSettings
 
     exports = {}  # greedy search has no stopping rule
-    for size in args.beam_sizes:
+    if given:
+        exports[read_metadata(given)["beam_size"], read_metadata(given)["stopping"]] = {"export": given}
+    for size in args.beam_sizes if not given else ():
         for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
+            settings = DecodingSettings(beam_size=size, stopping=stopping,
+                                        **({} if args.max_length_b is None else {"max_length_b": args.max_length_b}))  # fmt: skip
             for kind in args.exports:
-                features = kind.split("+")
-                exports.setdefault((size, stopping), {})[kind] = export_search(
-                    run_dir, os.path.join(scratch, f"beam{size}_{stopping}_{kind}"), args.max_length_b,
-                    compiled_shapes=CompiledShapes() if "xla" in features else None,
-                    shortlist="run" if "shortlist" in features else None, beam_size=size, stopping=stopping)  # fmt: skip
+                exports.setdefault((size, stopping), {})[kind] = export(
+                    run_dir, os.path.join(scratch, f"beam{size}_{stopping}_{kind}"), settings,
+                    compiled_shapes=CompiledShapes() if "xla" in kind.split("+") else None,
+                    shortlist="run" if "shortlist" in kind.split("+") else None)  # fmt: skip
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r export/requirements.txt).", file=sys.stderr)
         return Run(name, exports)
@@ -232,7 +237,8 @@ def compare(runs, sentences, args, scratch):
                     path = os.path.join(scratch, f"translations.{index}.json")
                     (figures[label],) = run_isolated("bench.real_serving", [
                         *flags, f"--label={label}", f"--translations={path}", f"--sentences={sentences}",
-                        f"--batch={batch}", f"--round={round_}"])  # fmt: skip
+                        f"--batch={batch}", f"--round={round_}",
+                        *(["--tensorflow-threads"] if args.tensorflow_threads else [])])  # fmt: skip
                     with open(path, encoding="utf-8") as f:
                         outputs[label] = json.load(f)
                 for ours in (label for label, flags in systems if flags[0] == "--worker=ours"):
@@ -253,12 +259,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", action="append", help="a run folder of training.train; repeat it to measure several "
                         "runs side by side (the first is the one the others are compared with)")  # fmt: skip
-    parser.add_argument("--smoke", action="store_true", help="the smoke export, a few sentences, one round")
+    parser.add_argument("--export", help="an export of the (first) run to measure, instead of --beam-sizes, --stopping and "
+                        "--exports")  # fmt: skip
     parser.add_argument("--beam-sizes", default="4,1")
     parser.add_argument("--stopping", default="exact,first_k", help="beam search's stopping rules measured")
     parser.add_argument("--exports", default="default,xla", help="the exports measured: default (no XLA), xla, shortlist "
                         "(python -m export --shortlist), xla+shortlist")  # fmt: skip
-    parser.add_argument("--ctranslate2", default="float32,int8", help="CTranslate2's weight types measured beside ours")
+    parser.add_argument("--ctranslate2", default="float32,int8", help="CTranslate2's weight types measured beside ours "
+                        "(none: no CTranslate2)")  # fmt: skip
+    parser.add_argument("--tensorflow-threads", action="store_true",
+                        help="ours under TensorFlow's default threads, not the README's serving settings")  # fmt: skip
     parser.add_argument("--batch-sizes", default="32,8,1")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement runs, the systems alternating")
     parser.add_argument("--limit", type=int, help="the first N test sentences (default: all)")
@@ -277,22 +287,13 @@ def main(argv=None):
     args.batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
     args.stopping = args.stopping.split(",")
     args.exports = args.exports.split(",")
-    args.ctranslate2 = args.ctranslate2.split(",")
+    args.ctranslate2 = [] if args.ctranslate2 == "none" else args.ctranslate2.split(",")
     unknown = [kind for kind in args.exports if not set(kind.split("+")) <= {"default", "xla", "shortlist"}]
     if unknown:
         parser.error(f"--exports: {', '.join(unknown)} is not default, xla, shortlist or xla+shortlist")
+    if not args.run_dir:
+        parser.error("--run-dir is required (a run folder of training.train)")
     with tempfile.TemporaryDirectory() as scratch:
-        if args.smoke:  # the smoke export (beam 4, the exact rule), a few sentences, one round
-            from bench import smoke
-
-            args.limit, args.rounds, args.batch_sizes, args.ctranslate2, args.exports = 8, 1, [4], ["int8"], []
-            run_dir = smoke.run(scratch)
-            run = prepare(run_dir, scratch, args, "smoke")
-            run.exports = {(4, "exact"): {"default": smoke.export(scratch)}}
-            compare([run], write_pairs(test_pairs(run_dir, args.limit), scratch), args, scratch)
-            return
-        if not args.run_dir:
-            sys.exit("error: --run-dir is required (a run folder of training.train), or --smoke")
         pairs = test_pairs(args.run_dir[0], args.limit)
         for run_dir in args.run_dir[1:]:  # checked before anything is exported
             if test_pairs(run_dir, args.limit) != pairs:
@@ -304,7 +305,7 @@ def main(argv=None):
             if name in (run.name for run in runs):
                 name = f"{name}{index}"
             os.makedirs(os.path.join(scratch, name))
-            runs.append(prepare(run_dir, os.path.join(scratch, name), args, name))
+            runs.append(prepare(run_dir, os.path.join(scratch, name), args, name, args.export if index == 0 else None))
             if any("shortlist" in kind for kind in args.exports):  # the run's table exists now
                 for batch in args.batch_sizes:
                     mean, vocab_size = mean_candidates(run_dir, [source for source, _ in pairs], batch)

@@ -1,5 +1,7 @@
-"""The run and the exports that the benchmarks' smoke modes measure, of training/recipes.py's
-tiny recipe; the test suite shares its own (tests/artifacts.py) through the variables below.
+"""The benchmarks' smoke modes, in one registry: for each benchmark, the flags that run it in
+seconds on tiny sizes (`python -m bench --smoke` runs them), and the data, run and exports they
+measure. The run is training/recipes.py's tiny recipe; the test suite shares its own
+(tests/artifacts.py) through the variables below.
 
     run(...)    the run folder $KERAS_TRANSFORMER_SMOKE_RUN names, else one trained now
     export(...) the SavedModel $KERAS_TRANSFORMER_SMOKE_EXPORT names (beam 4, the paper's
@@ -9,11 +11,12 @@ tiny recipe; the test suite shares its own (tests/artifacts.py) through the vari
 
 import os
 
-from training.recipes import TINY
+from training.recipes import MECHANICS, TINY
 
 RUN_VARIABLE = "KERAS_TRANSFORMER_SMOKE_RUN"
 EXPORT_VARIABLE = "KERAS_TRANSFORMER_SMOKE_EXPORT"
 GREEDY_EXPORT_VARIABLE = "KERAS_TRANSFORMER_SMOKE_GREEDY_EXPORT"
+SENTENCES = ["a small test", "another sentence here", "and a third", "the dog sees the red car ."]
 
 
 def run(scratch):
@@ -24,9 +27,8 @@ def run(scratch):
     from training import train
 
     run_dir = os.path.join(scratch, "run")
-    if os.path.exists(os.path.join(run_dir, "metrics.json")):  # trained already, by an earlier call
-        return run_dir
-    train.train(train.parse_args(["--run-dir", run_dir, *TINY, "--no-evaluate"]))
+    if not os.path.exists(os.path.join(run_dir, "metrics.json")):  # else trained already, by an earlier call
+        train.train(train.parse_args(["--run-dir", run_dir, *TINY, "--no-evaluate"]))
     return run_dir
 
 
@@ -41,3 +43,54 @@ def export(scratch, beam_size=4):
     from keras_transformer.search import DecodingSettings
 
     return export_run(run(scratch), os.path.join(scratch, "exports"), DecodingSettings(beam_size=beam_size), version=beam_size)
+
+
+def corpus(scratch, names=("train", "val", "test2016"), seed=0, sizes=(300, 8, 8)):
+    """A folder of synthetic English-German pairs (training/synthetic.py) in text files named
+    NAME.en and NAME.de, for the train, dev and test splits in that order: Multi30k's names by
+    default. Returns the folder."""
+    from training.synthetic import generate_splits
+
+    folder = os.path.join(scratch, f"corpus-{'-'.join(names)}-{seed}")
+    os.makedirs(folder, exist_ok=True)
+    splits = generate_splits(seed, *sizes)
+    for name, split in zip(names, ("train", "dev", "test")):
+        for side, lang in enumerate(("en", "de")):
+            with open(os.path.join(folder, f"{name}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(pair[side] + "\n" for pair in splits[split])
+    return folder
+
+
+def sentences(scratch):
+    """A file of SENTENCES, one a line."""
+    path = os.path.join(scratch, "sentences.txt")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(sentence + "\n" for sentence in SENTENCES)
+    return path
+
+
+# Benchmark -> function(scratch) -> its smoke mode's command lines (each `main(flags)`). Those that
+# train use training/recipes.py MECHANICS, shortened.
+FLAGS = {
+    "compare_exports": lambda s: [
+        [export(s), export(s, beam_size=1), f"--sentences={sentences(s)}", "--batch=2", "--rounds=2"],
+        ["--options", export(s), f"--sentences={sentences(s)}", "--batch=2", "--rounds=2"]],
+    "corpus_scale": lambda s: [[f"--data={corpus(s)}", "--pairs=3000", "--config=tiny", "--vocab-size=500"]],
+    "decode": lambda s: [["--batch=2", "--length=4", "--d-model=16", "--layers=1", "--d-ff=32", "--vocab-size=50",
+                          "--repeats=1", "--rounds=1", "--shortlist=20", "--ctranslate2-types=float32,int8"]],
+    "decode_profile": lambda s: [[f"--export-dir={export(s)}", f"--sentences={sentences(s)}", "--calls=1"]],
+    "finetune": lambda s: [[f"--general={run(s)}", f"--news={corpus(s, ('newstest2014', 'none', 'none'), 7, (52, 0, 0))}",
+                            "--news-split=40,6", "--limit=8", *MECHANICS, "--steps=4", "--steps-per-call=2",
+                            "--checkpoint-every=2", "--eval-every=2"]],
+    "multi30k": lambda s: [[f"--data={corpus(s, ('train', 'val', 'test_2016_flickr'))}", "--config=tiny", *MECHANICS,
+                            "--steps=6", "--steps-per-call=2", "--checkpoint-every=2", "--eval-every-minutes=0.001"]],
+    "multihost": lambda s: [["--config=smoke", "--vocab-size=100", "--batch=8", "--length=8", "--steps=2", "--rounds=1"]],
+    "pipeline": lambda s: [[f"--data={corpus(s)}", "--vocab-size=300", "--batch-tokens=2000", "--batches=5", "--warmup=2"]],
+    "real_serving": lambda s: [[f"--run-dir={run(s)}", f"--export={export(s)}", "--limit=8", "--rounds=1",
+                                "--batch-sizes=4", "--ctranslate2=int8"]],
+    "train_throughput": lambda s: [["--configs=smoke", "--batch=4", "--length=8", "--vocab-size=50", "--steps=2",
+                                    "--repeats=1", "--matmul-size=256"]],
+    "wmt14_recipe": lambda s: [[f"--data={corpus(s, ('train', 'dev', 'test'))}", "--config=tiny", *MECHANICS, "--steps=4",
+                                "--batch-tokens=1024", "--checkpoint-every=4"]],
+}  # fmt: skip
+RUN_FOLDER = {"finetune", "multi30k", "wmt14_recipe"}  # those with --run-dir of their own

@@ -10,7 +10,8 @@ Adam(0.9, 0.98, 1e-9). One step is forward, backward and update, on all host thr
 
 import math
 import os
-import time
+
+from bench.common import time_call
 
 
 def step_seconds(config, source, target_input, target_output, steps, repeats):
@@ -35,13 +36,7 @@ def step_seconds(config, source, target_input, target_output, steps, repeats):
             optimizer.step()
         return float(loss)
 
-    run(2)  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(steps)
-        times.append((time.perf_counter() - start) / steps)
-    return sorted(times)[len(times) // 2]
+    return time_call(lambda: run(steps), repeats) / steps
 
 
 def _model(torch, config):

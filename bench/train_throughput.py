@@ -5,7 +5,6 @@ PyTorch is installed) and to the GFLOP/s of a large float32 matmul, all measured
 
     python -m bench.train_throughput           # small (d_model 256, 3+3 layers, vocab 8000) and base
     python -m bench.train_throughput --configs small --backends jax,torch
-    python -m bench.train_throughput --smoke   # seconds-long, tiny sizes (the test suite runs this)
 
 Batches of 64 pairs of 32 + 32 random tokens; `fraction_of_matmul` is the step's GFLOP/s (matmuls
 counted from the config, backward = 2x forward) over the matmul's. A process a row.
@@ -14,26 +13,22 @@ counted from the config, backward = 2x forward) over the matmul's. A process a r
 import argparse
 import sys
 
-from keras_transformer.quiet import quiet_tensorflow
+import keras
+import numpy as np
+import tensorflow as tf
 
-quiet_tensorflow()
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from bench import torch_reference  # noqa: E402
-from bench.common import emit, peak_rss_mb, run_isolated, time_call  # noqa: E402
-from keras_transformer import TransformerConfig  # noqa: E402
-from training import backends  # noqa: E402
-from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
+from bench import torch_reference
+from bench.common import emit, peak_rss_mb, run_isolated, time_call
+from keras_transformer import TransformerConfig
+from training import backends
+from training.schedule import TransformerSchedule, paper_optimizer
 
 # The rows of a run: (backend, XLA) in the order measured.
 ROWS = {"tensorflow": [("tensorflow", False), ("tensorflow", True)], "jax": [("jax", True)], "torch": [("torch", False)]}
 
 
 def make_config(name, vocab_size):
-    """The `small` or `base` preset, or a one-layer model for the smoke run."""
+    """A preset (`small`, `base`), or "smoke": a one-layer model for the smoke mode."""
     if name == "smoke":
         return TransformerConfig.tiny(vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64)
     return TransformerConfig.preset(name, vocab_size)
@@ -88,29 +83,15 @@ def measure(name, backend_name, xla, args, ceiling):
         seconds = time_call(lambda: backend.train_steps(iterator, args.steps), args.repeats) / args.steps
         parameters = backend.model.count_params()
     gflops = training_flops(config, args.batch, args.length, args.length) / seconds / 1e9
-    emit(
-        {
-            "benchmark": "train_throughput",
-            "config": name,
-            "backend": backend_name,
-            "xla": xla,
-            "batch": args.batch,
-            "source_tokens": args.length,
-            "target_tokens": args.length,
-            "parameters": parameters,
-            "step_seconds": round(seconds, 4),
-            "tgt_tokens_per_s": round(args.batch * args.length / seconds, 1),
-            "gflops_per_s": round(gflops, 1),
-            "matmul_gflops_per_s": round(ceiling, 1),
-            "fraction_of_matmul": round(gflops / ceiling, 3),
-            "peak_rss_mb": round(peak_rss_mb(), 1),
-        }
-    )
+    emit({"benchmark": "train_throughput", "config": name, "backend": backend_name, "xla": xla, "batch": args.batch,
+          "source_tokens": args.length, "target_tokens": args.length, "parameters": parameters,
+          "step_seconds": round(seconds, 4), "tgt_tokens_per_s": round(args.batch * args.length / seconds, 1),
+          "gflops_per_s": round(gflops, 1), "matmul_gflops_per_s": round(ceiling, 1),
+          "fraction_of_matmul": round(gflops / ceiling, 3), "peak_rss_mb": round(peak_rss_mb(), 1)})  # fmt: skip
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes")
     parser.add_argument("--configs", default="small,base")
     parser.add_argument("--backends", default="tensorflow,jax,torch")
     parser.add_argument("--batch", type=int, default=64)
@@ -122,14 +103,12 @@ def main(argv=None):
     parser.add_argument("--only", help="one measurement, CONFIG:BACKEND:XLA (e.g. small:jax:1), with --ceiling")
     parser.add_argument("--ceiling", type=float, help="matmul GFLOP/s measured by the parent run")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.configs, args.batch, args.length, args.vocab_size, args.steps, args.repeats, args.matmul_size = "smoke", 4, 8, 50, 2, 1, 256
     ceiling = args.ceiling or matmul_gflops(args.matmul_size, args.repeats)
     if args.only:
         name, backend, xla = args.only.split(":")
         measure(name, backend, bool(int(xla)), args, ceiling)
         return
-    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("smoke", "only", "ceiling")]
+    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("only", "ceiling")]
     for name in args.configs.split(","):
         for backend in args.backends.split(","):
             for backend_name, xla in ROWS[backend]:

@@ -4,11 +4,11 @@ updates (accumulated on fewer than 8 devices), a checkpoint every 10 minutes, th
 
     python -m bench.wmt14_recipe --data DIR --max-minutes 20                  # WMT-shaped text files
     python -m bench.wmt14_recipe --data ../shared/data/newstest2014 --max-minutes 20
-    python -m bench.wmt14_recipe --smoke                                      # seconds: tiny, synthetic
 
 `--data` holds train / dev / test .en and .de files, or only newstest2014.en / .de for every
 split. On a CPU the budget buys a few updates, not a model; what the run changes for a CPU is
-printed with the commands. One JSON line: seconds an update, checkpoints, steps averaged, BLEUs.
+printed with the commands. Other flags go to training.train, after the recipe's. One JSON line:
+seconds an update, checkpoints, steps averaged, BLEUs.
 """
 
 import argparse
@@ -18,16 +18,11 @@ import sys
 import tempfile
 import time
 
-from keras_transformer.quiet import quiet_tensorflow
-
-quiet_tensorflow()
-
-from bench.common import emit, peak_rss_mb  # noqa: E402
-from keras_transformer.config import PRESETS, paper_accumulate_steps  # noqa: E402
-from training import evaluate, synthetic, train  # noqa: E402
-from training.average_checkpoints import average_checkpoints  # noqa: E402
-from training.recipes import MECHANICS  # noqa: E402
-from training.run_folder import RunFolder  # noqa: E402
+from bench.common import emit, peak_rss_mb
+from keras_transformer.config import PRESETS, paper_accumulate_steps
+from training import evaluate, train
+from training.average_checkpoints import average_checkpoints
+from training.run_folder import RunFolder
 
 DATASET = "tfds:wmt14_translate/de-en"  # test: newstest2014, 3,003 lines; dev: newstest2013
 AVERAGE_LAST = {"base": 5, "big": 20}  # section 6.1
@@ -62,40 +57,21 @@ def stand_in_folder(data, scratch):
     return folder
 
 
-def write_smoke_data(folder):
-    splits = synthetic.generate_splits(seed=0, train=300, dev=8, test=8)
-    for split, pairs in splits.items():
-        for side, lang in enumerate(("en", "de")):
-            with open(os.path.join(folder, f"{split}.{lang}"), "w") as f:
-                f.writelines(pair[side] + "\n" for pair in pairs)
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", help="a folder of train/dev/test.{en,de}, or of newstest2014.{en,de}")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # fmt: skip
+    parser.add_argument("--data", required=True, help="a folder of train/dev/test.{en,de}, or of newstest2014.{en,de}")
     parser.add_argument("--run-dir", help="where the run goes (default: a temporary folder)")
-    parser.add_argument("--config", default="base", choices=sorted(AVERAGE_LAST))
+    parser.add_argument("--recipe", default="base", choices=sorted(AVERAGE_LAST), help="the paper's base or big run")
     parser.add_argument("--devices", type=int, default=1, help="the devices the recipe is for (its accumulation)")
     parser.add_argument("--max-minutes", type=float, default=20.0, help="the training budget")
     parser.add_argument("--limit", type=int, default=100, help="test sentences translated")
-    parser.add_argument("--smoke", action="store_true", help="the tiny config on synthetic pairs, in seconds")
-    args = parser.parse_args(argv)
-    if not args.data and not args.smoke:
-        parser.error("give --data DIR (or --smoke)")
-
+    args, extra_flags = parser.parse_known_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = args.run_dir or os.path.join(scratch, "run")
-        if args.smoke:
-            data = os.path.join(scratch, "smoke-data")
-            os.makedirs(data)
-            write_smoke_data(data)
-        else:
-            data = stand_in_folder(args.data, scratch)
-        flags = [*train_flags(args.config, args.devices, data, checkpoint_minutes=round(args.max_minutes / 6, 3)),
-                 *CPU_CHANGES, "--max-minutes", str(args.max_minutes)]  # fmt: skip
-        if args.smoke:  # the tiny model for seconds: training/recipes.py MECHANICS
-            flags = [*flags, "--config", "tiny", *MECHANICS, "--steps", "8", "--batch-tokens", "1024",
-                     "--checkpoint-every", "8"]  # fmt: skip
+        data = stand_in_folder(args.data, scratch)
+        flags = [*train_flags(args.recipe, args.devices, data, checkpoint_minutes=round(args.max_minutes / 6, 3)),
+                 *CPU_CHANGES, "--max-minutes", str(args.max_minutes), *extra_flags]  # fmt: skip
         print("python -m training.train --run-dir", run_dir, " ".join(flags), flush=True)
         start = time.perf_counter()
         train.main(["--run-dir", run_dir, *flags])
@@ -103,8 +79,8 @@ def main(argv=None):
         run = RunFolder(run_dir)
         metrics = run.metrics()
         checkpoints = [step for step, _ in run.checkpoints()]
-        _, averaged = average_checkpoints(run_dir, last=AVERAGE_LAST[args.config])
-        print(f"python -m training.average_checkpoints --run-dir {run_dir} --last {AVERAGE_LAST[args.config]}", flush=True)
+        _, averaged = average_checkpoints(run_dir, last=AVERAGE_LAST[args.recipe])
+        print(f"python -m training.average_checkpoints --run-dir {run_dir} --last {AVERAGE_LAST[args.recipe]}", flush=True)
         evaluation = ["--run-dir", run_dir, "--limit", str(args.limit), "--no-xla"]
         print("python -m training.evaluate", " ".join(evaluation), flush=True)
         start = time.perf_counter()
@@ -112,24 +88,14 @@ def main(argv=None):
             evaluate.main(evaluation)
         evaluate_wall = time.perf_counter() - start
         scores = RunFolder(run_dir).metrics()
-        emit({
-            "benchmark": "wmt14_recipe",
-            "config": "tiny (smoke)" if args.smoke else args.config,
-            "data": "synthetic (smoke)" if args.smoke else args.data,
-            "accumulate_steps": paper_accumulate_steps(args.devices),
-            "updates": metrics["steps"],
-            "seconds_per_update": round(metrics["train_seconds"] / max(1, metrics["steps"]), 2),
-            "train_wall_seconds": round(train_wall, 1),
-            "checkpoints": checkpoints,
-            "averaged": [os.path.basename(path) for path in averaged],
-            "test_sentences": scores["sentences"],
-            "bleu": scores["bleu"],
-            "signature": scores["signature"],
-            "bleu_paper": scores.get("bleu_paper"),
-            "bleu_paper_signature": scores.get("bleu_paper_signature"),
-            "evaluate_wall_seconds": round(evaluate_wall, 1),
-            "peak_rss_mb": round(peak_rss_mb()),
-        })
+        emit({"benchmark": "wmt14_recipe", "recipe": " ".join(flags), "data": args.data,
+              "accumulate_steps": paper_accumulate_steps(args.devices), "updates": metrics["steps"],
+              "seconds_per_update": round(metrics["train_seconds"] / max(1, metrics["steps"]), 2),
+              "train_wall_seconds": round(train_wall, 1), "checkpoints": checkpoints,
+              "averaged": [os.path.basename(path) for path in averaged], "test_sentences": scores["sentences"],
+              "bleu": scores["bleu"], "signature": scores["signature"], "bleu_paper": scores.get("bleu_paper"),
+              "bleu_paper_signature": scores.get("bleu_paper_signature"),
+              "evaluate_wall_seconds": round(evaluate_wall, 1), "peak_rss_mb": round(peak_rss_mb())})  # fmt: skip
 
 
 if __name__ == "__main__":

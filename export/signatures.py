@@ -327,14 +327,27 @@ SIGNATURE = {signature.name: signature for signature in SIGNATURES}
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 
 
+# export/README.md's section for the signatures that have no prose of their own: written whole.
+OTHERS = ("<!-- signatures without a section of their own -->\n", "<!-- end of signatures without a section -->\n")
+
+
 def readme_with_tables(readme):
-    """`readme` (export/README.md's text) with each signature's table as `SIGNATURES` declares it."""
+    """`readme` (export/README.md's text) with each signature's table as `SIGNATURES` declares it:
+    after its line `<!-- signature NAME -->`, or, for one without that line, between the lines
+    of OTHERS, under its name and its class's docstring."""
+    others = ""
     for signature in SIGNATURES:
         marker = f"<!-- signature {signature.name} -->\n"
-        if marker not in readme:
-            raise ValueError(f"{README} has no line {marker.strip()!r} before {signature.name}'s table.")
-        readme = re.sub(re.escape(marker) + r"(\|.*\n)*", lambda _: marker + signature.table(), readme)
-    return readme
+        if marker in readme:
+            readme = re.sub(re.escape(marker) + r"(\|.*\n)*", lambda _: marker + signature.table(), readme)
+        else:
+            doc = " ".join((type(signature).__doc__ or "").split())
+            others += f"\n`{signature.name}` (`loaded.{signature.method}`){', ' + doc if doc else ''}:\n\n{signature.table()}\n"
+    begin, end = OTHERS
+    if begin not in readme or end not in readme.partition(begin)[2]:
+        raise ValueError(f"{README} has no lines {begin.strip()!r} and then {end.strip()!r}.")
+    before, _, rest = readme.partition(begin)
+    return before + begin + others + end + rest.partition(end)[2]
 
 
 if __name__ == "__main__":  # python -m export.signatures: writes export/README.md's tables

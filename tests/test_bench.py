@@ -1,7 +1,8 @@
-"""Each benchmark runs in its seconds-long smoke mode (all in one process: `python -m bench --smoke`)
-and prints well-formed JSON lines."""
+"""Each benchmark runs in its seconds-long smoke mode (bench/smoke.py's flags, all in one process:
+`python -m bench --smoke`) and prints well-formed JSON lines."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -10,15 +11,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bench import multi30k
-from bench.compare_exports import SMOKE_SENTENCES
+from bench import multi30k, smoke
 from conftest import loaded_export
 from training import learning_curve
 from training.run_folder import RunFolder
 
 REQUIRED = {
     "bench.compare_exports": {"benchmark", "batch"},  # and each round's figures, or a summary
-    "bench.options": {"benchmark", "batch"},  # and each round's figures, or a mode's summary
     "bench.decode_profile": {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
     "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
     "bench.multihost": {"one_process_4_devices_tgt_tokens_per_s_per_device", "two_processes_2_devices_tgt_tokens_per_s_per_device", "ratio"},
@@ -26,8 +25,7 @@ REQUIRED = {
                            "shortlist_s", "shortlist_peak_rss_mb"},
     "bench.pipeline": {"tgt_tokens_per_s", "tgt_tokens_per_s_per_core", "v5e_chip_tgt_tokens_per_s_estimate", "cores_per_chip"},
     "bench.train_throughput": {"config", "backend", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
-    "bench.real_serving": {"batch"},  # and a round's sentences/s and BLEU, a ratio of them, or its median
-    "bench.serving": {"beam_size", "batch", "cold_start_s", "warmup_s", "first_request_ms", "p50_ms", "p95_ms", "peak_rss_mb"},
+    "bench.real_serving": {"batch"},  # and a round's sentences/s, latency and BLEU, a ratio of them, or its median
     "bench.wmt14_recipe": {"updates", "accumulate_steps", "seconds_per_update", "checkpoints", "averaged", "bleu", "signature",
                            "bleu_paper", "bleu_paper_signature", "peak_rss_mb"},
     "bench.finetune": {"row", "news_test_bleu", "signature", "news_test_sentences", "train_minutes", "run"},
@@ -65,51 +63,50 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert records, output
     for record in records:
-        assert REQUIRED[module] <= set(record), record
+        assert REQUIRED[module] <= set(record) or record["benchmark"] != module.removeprefix("bench."), record
         assert all(record[key] > 0 for key in record if key.endswith("_per_s") or key == "peak_rss_mb")
-    if module == "bench.real_serving":  # each measurement has its speed and BLEU; each ratio both BLEUs
+    if module == "bench.real_serving":  # each measurement has its speed, latency and BLEU; each ratio both BLEUs
         measured = [r for r in records if r["benchmark"] == "real_serving"]
-        assert measured and all({"round", "sentences_per_s", "bleu"} <= set(r) for r in measured), records
-        assert {r["system"] for r in measured} >= {"smoke/default"}
+        assert measured and all({"round", "sentences_per_s", "p50_ms", "p95_ms", "bleu"} <= set(r) for r in measured), records
+        ours, int8 = (f"{os.path.basename(artifacts.tf_run)}/{kind}" for kind in ("export", "ctranslate2_int8"))
+        (cold,) = [r for r in measured if r["system"] == ours]  # ours started as a server: load, warm-up, first request
+        assert cold["load_s"] > 0 and cold["warmup_s"] > 0 and cold["first_request_ms"] > 0
         if "CTranslate2 is not installed" in stderr:
             pytest.skip("bench.real_serving's CTranslate2 rows: CTranslate2 is not installed (export/requirements.txt)")
-        assert {r["system"] for r in measured} == {"smoke/default", "smoke/ctranslate2_int8"}  # smoke: int8
+        assert {r["system"] for r in measured} == {ours, int8}  # smoke: int8
         speeds = {(r["round"], r["system"]): r["sentences_per_s"] for r in measured}
         ratios = [r for r in records if r["benchmark"] == "real_serving_ratio"]
-        assert [(r["ours"], r["other"]) for r in ratios] == [("smoke/default", "smoke/ctranslate2_int8")]
+        assert [(r["ours"], r["other"]) for r in ratios] == [(ours, int8)]
         for r in ratios:  # each ratio is the two systems' speeds of its round, not a constant
             assert {"bleu_ours", "bleu_other"} <= set(r) and 0 <= r["identical"] <= 1
             assert r["ratio"] == pytest.approx(speeds[r["round"], r["ours"]] / speeds[r["round"], r["other"]], rel=0.01)
         (summary,) = [r for r in records if r["benchmark"] == "real_serving_summary"]
         assert summary["median_ratio"] == ratios[0]["ratio"] and summary["rounds"] == 1
     if module == "bench.decode":  # with the smoke's shortlist of 20, each of ours also over all 50 pieces
-        assert {(r["mode"], r["candidates"]) for r in records if r["mode"] in ("served", "cached")} == {
+        assert {(r["mode"], r["candidates"]) for r in records if r.get("mode") in ("served", "cached")} == {
             (mode, n) for mode in ("served", "cached") for n in (20, 50)}
-    if module == "bench.compare_exports":  # two rounds of the beam-4 export against the greedy one, then a summary
-        rounds = [r for r in records if r["benchmark"] == "compare_exports"]
-        assert [len(r["sentences_per_s_each"]) for r in rounds] == [2, 2]
-        for r in rounds:  # the second's speed over the first's, measured in that round
-            first, second = r["sentences_per_s_each"]
-            assert r["ratios"][1] == pytest.approx(second / first, rel=0.01)
-        (summary,) = [r for r in records if r["benchmark"] == "compare_exports_summary"]
-        low, high = summary["ratio_range"]
-        assert low <= summary["median_ratio"] <= high
-        assert summary["median_ratio"] == pytest.approx(np.median([r["ratios"][1] for r in rounds]), rel=0.01, abs=0.001)
-        assert (summary["baseline"], summary["export"]) == (artifacts.exports[4], artifacts.exports[1])
-        beam, greedy = (loaded_export(artifacts.exports[n]).translate(tf.constant(SMOKE_SENTENCES))["translation"].numpy()
-                        for n in (4, 1))  # fmt: skip
-        same = np.mean(beam == greedy)
-        assert same < 1, (beam, greedy)  # an export compared with itself would report 1
-        assert summary["same_translations"] == pytest.approx(same)
-    if module == "bench.options":  # every option measured alone, each ratio from its round's speeds
+        (summary,) = [r for r in records if r["benchmark"] == "decode_vs_ctranslate2"]  # each ratio of one round's rows
+        assert {"served_beam4_graph_shortlist_vs_full", "cached_beam1_xla_shortlist_vs_full"} <= set(summary)
+    if module == "bench.compare_exports":  # the beam-4 export against the greedy one, then its options, 2 rounds each
         from keras_transformer.search import OPTIONS
 
-        modes = {r["mode"] for r in records if r["benchmark"] == "options_summary"}
+        beam, greedy = artifacts.exports[4], artifacts.exports[1]
+        rounds = [r["sentences_per_s_each"] for r in records if r["benchmark"] == "compare_exports"]
+        summaries = [r for r in records if r["benchmark"] == "compare_exports_summary"]
+        assert [set(speeds) for speeds in rounds[:2]] == [{beam, greedy}] * 2
+        (summary,) = [r for r in summaries if r["baseline"] == beam]
+        low, high = summary["ratio_range"]  # each round's ratio: its own two speeds
+        assert summary["system"] == greedy and low <= summary["median_ratio"] <= high
+        assert summary["median_ratio"] == pytest.approx(np.median([r[greedy] / r[beam] for r in rounds[:2]]), rel=0.01, abs=0.001)
+        translations = [loaded_export(n).translate(tf.constant(smoke.SENTENCES))["translation"].numpy() for n in (beam, greedy)]
+        same = np.mean(translations[0] == translations[1])
+        assert same < 1, translations  # an export compared with itself would report 1
+        assert summary["same_translations"] == pytest.approx(same)
+        modes = {r["system"] for r in summaries if r["baseline"] == "serving_default"}  # every option measured alone
         assert modes == {"options, none set", "options, all set", "score", *(f"options, {o.name}" for o in OPTIONS)}
-        rounds = [r for r in records if r["benchmark"] == "options"]
-        assert len(rounds) == 2 and all(set(r["sentences_per_s_each"]) == modes | {"serving_default"} for r in rounds)
-        for summary in (r for r in records if r["benchmark"] == "options_summary"):
-            ratios = [r["sentences_per_s_each"][summary["mode"]] / r["sentences_per_s_each"]["serving_default"] for r in rounds]
+        assert len(rounds) == 4 and all(set(speeds) == modes | {"serving_default"} for speeds in rounds[2:])
+        for summary in (r for r in summaries if r["baseline"] == "serving_default"):
+            ratios = [speeds[summary["system"]] / speeds["serving_default"] for speeds in rounds[2:]]
             assert summary["ratio_range"][0] == pytest.approx(min(ratios), rel=0.01, abs=0.001)
     if module == "bench.multihost":
         (record,) = records
@@ -142,17 +139,18 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
         tuned = RunFolder(rows["b_finetuned"]["run"])
         assert tuned.segments()[0]["settings"]["init_from"]["run"] == artifacts.tf_run and tuned.best()["file"]
         assert RunFolder(rows["c_from_scratch"]["run"]).segments()[0]["settings"]["init_from"] is None
-    if module == "bench.wmt14_recipe":  # 8 updates of 8 batches, averaged, scored both ways
+    if module == "bench.wmt14_recipe":  # 4 updates of 8 batches, averaged, scored both ways
         (record,) = records
-        assert (record["updates"], record["accumulate_steps"], record["checkpoints"]) == (8, 8, [8])
-        assert record["averaged"] == ["ckpt-8"] and "tok:moses-de" in record["bleu_paper_signature"]
+        assert (record["updates"], record["accumulate_steps"], record["checkpoints"]) == (4, 8, [4])
+        assert record["averaged"] == ["ckpt-4"] and "tok:moses-de" in record["bleu_paper_signature"]
     if module == "bench.train_throughput":  # every backend's row, in one run
         assert {(r["backend"], r["xla"]) for r in records} >= {("tensorflow", False), ("tensorflow", True), ("jax", True)}
 
 
 @pytest.mark.slow
 def test_a_multi30k_probe_scores_val_and_leaves_the_test_split_unread(tmp_path, capsys):
-    multi30k.main(["--smoke", "--probe", "--run-dir", str(tmp_path / "run")])
+    (flags,) = smoke.FLAGS["multi30k"](str(tmp_path))
+    multi30k.main([*flags, "--probe", "--run-dir", str(tmp_path / "run")])
     output = capsys.readouterr().out
     record = json.loads([line for line in output.splitlines() if line.startswith("{")][0])
     assert record["benchmark"] == "multi30k_probe" and "dev_bleu" in record and "bleu" not in record

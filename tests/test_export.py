@@ -158,10 +158,12 @@ def _signature_defs(export_dir):
 def test_every_signature_def_is_as_recorded_for_existing_clients_and_warmup_files(exported):
     """tests/signature_defs.json holds the SignatureDefs of an export with the default decoding
     (written by this function): a change to a served input's name, dtype, shape or default, which
-    clients and their warm-up files depend on, has to change that file too."""
+    clients and their warm-up files depend on, has to change that file too. A new signature has
+    no clients yet: it may be served beside them."""
     with open(os.path.join(ROOT, "tests", "signature_defs.json"), encoding="utf-8") as f:
         recorded = json.load(f)
-    assert _signature_defs(exported[4]) == recorded
+    served = _signature_defs(exported[4])
+    assert {name: served.get(name) for name in recorded} == recorded
     assert "input beam_size: int32 [-1], default [1] [4]" in recorded["options"]  # the check reads defaults
 
 

@@ -90,7 +90,7 @@ class Option:
             the kind.
         help: what it does, for flags and documents.
         example: a value that turns it on, as a user would set it (CTranslate2's and fairseq's
-            documented examples; for PHRASES, text): the warm-up requests and bench.options use it.
+            documented examples; for PHRASES, text): the warm-up requests and `bench.compare_exports --options` use it.
         processor: `process(log_probs, step, value)` (keras_transformer/search/processors/), for an
             option that acts in the step's seam; None for one that the searches read themselves.
         export_bound: an export's own value is the most a request may ask (the search's width).
