@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from conftest import _types_of, assert_stock_cpu_graph, loaded_export
 from export.serving import PARALLEL_SEARCHES
-from export.signatures import SIGNATURES
+from export.signatures import SIGNATURE, SIGNATURES
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
 from training.run_folder import RunFolder
@@ -275,8 +275,9 @@ def test_the_body_converters_refuse_what_tf_serving_refuses(tmp_path):
 
 
 def _requests():
-    """One request of each signature: {signature name: {input name: a list, one value a sentence}}."""
-    return {
+    """One request of each signature: {signature name: {input name: a list, one value a sentence}};
+    one not written here has its warm-up request's inputs (its declaration's) for SENTENCES."""
+    written = {
         "serving_default": {"text": SENTENCES},
         "n_best": {"text": SENTENCES, "n": [2, 3, 1]},
         "alignments": {"text": SENTENCES},
@@ -289,6 +290,8 @@ def _requests():
                     "suppress_sequences": [["Hund", ""], ["", ""], ["Katze", "rote"]], "max_input_length": [0, 6, 0]},
         "score": {"text": SENTENCES, "target": ["Der Hund.", "Ich denke.", "Die Katze."], "alpha": [0.6, 0.0, 1.0]},
     }  # fmt: skip
+    warmup = {s.name: s.warmup(np.array(SENTENCES), DecodingSettings()) for s in SIGNATURES if s.name not in written}
+    return {**written, **{name: {key: value.tolist() for key, value in inputs.items()} for name, inputs in warmup.items()}}
 
 
 def _call(signature, inputs):
@@ -312,9 +315,10 @@ def test_rest_and_grpc_bodies_of_every_signature_convert_to_the_signature_and_ba
         assert json.loads(_rest_body_through_signature(signature, json.dumps({"instances": rows}))) == {"predictions": predictions}
         assert json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": inputs}))) == {"outputs": expected}
         if len(inputs) == 1:  # one input: bare values in both formats
-            bare = json.loads(_rest_body_through_signature(signature, json.dumps({"instances": inputs["text"]})))
+            (values,) = inputs.values()
+            bare = json.loads(_rest_body_through_signature(signature, json.dumps({"instances": values})))
             assert bare == {"predictions": predictions}
-            assert json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": inputs["text"]}))) == {"outputs": expected}
+            assert json.loads(_rest_body_through_signature(signature, json.dumps({"inputs": values}))) == {"outputs": expected}
 
         request = predict_pb2.PredictRequest()
         request.model_spec.name, request.model_spec.signature_name = "translator", name
@@ -369,11 +373,10 @@ def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported,
         name = request.model_spec.signature_name
         inputs = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in request.inputs.items()}
         result = loaded.signatures[name](**inputs)
-        text = inputs["text"].numpy()
-        assert all(len(t) > 0 for t in text)
-        first = {"n_best": "translations", "sample": "translations", "score": "log_prob"}.get(name, "translation")
-        assert result[first].shape[0] == len(text)
-        requests.append((name, sorted(inputs), len(text)))
+        batch = len(inputs[SIGNATURE[name].inputs[0].name])  # the first input gives the batch
+        assert "text" not in inputs or all(len(t) > 0 for t in inputs["text"].numpy())
+        assert result[SIGNATURE[name].outputs[0].name].shape[0] == batch
+        requests.append((name, sorted(inputs), batch))
     # Every signature, with every input it has, at each batch size.
     expected = [(name, sorted(signature.structured_input_signature[1]), batch)
                 for name, signature in loaded.signatures.items() for batch in (1, 32)]  # fmt: skip
