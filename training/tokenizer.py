@@ -15,12 +15,13 @@ import tensorflow_text
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-def train_sentencepiece(sentences, vocab_size, model_type="bpe"):
+def train_sentencepiece(sentences, vocab_size, model_type="bpe", symbols=()):
     """Trains a SentencePiece model on an iterable of strings (all of them: pass a sample of a
     large corpus, `shards.TextShards.sample`); returns the serialized model.
 
     The paper uses byte-pair encoding with a shared vocabulary of about 37,000 tokens.
-    `vocab_size` is an upper bound: a small corpus may give fewer pieces.
+    `vocab_size` is an upper bound: a small corpus may give fewer pieces. `symbols` are strings
+    that are always one piece each (the target-language tags of training/languages.py).
     """
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
@@ -34,6 +35,7 @@ def train_sentencepiece(sentences, vocab_size, model_type="bpe"):
         eos_id=EOS_ID,
         character_coverage=1.0,
         hard_vocab_limit=False,
+        user_defined_symbols=list(symbols),
         minloglevel=2,
     )
     return model.getvalue()
