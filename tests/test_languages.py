@@ -1,12 +1,15 @@
 """training/languages.py: the directions of --pairs, the target-language tag, the pairs' weights
 and several pairs' training splits as one."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from training.languages import MultilingualShards, pair_weights, parse_pairs, tag, tagged
 from training.shards import InMemoryShards
+from training.tokenized import TokenizedShards
 from training.tokenizer import Tokenizer, train_sentencepiece
 
 
@@ -72,3 +75,22 @@ def test_a_tag_is_one_piece_of_a_vocabulary_that_declares_it():
     pieces = tokenizer.pieces(tokenizer.tokenize(tf.constant(["<2de> a dog", "<2fr> the car"])).to_tensor()).numpy()
     assert [row[1] for row in pieces] == [b"<2de>", b"<2fr>"]  # after SentencePiece's word boundary
     assert tokenizer.detokenize(tokenizer.tokenize(tf.constant(["<2fr> the car"]))).numpy().tolist() == [b"<2fr> the car"]
+
+
+def test_an_epoch_reads_each_pair_as_often_as_its_weight_asks(tmp_path):
+    splits = {("en", "de"): _split("de", 40, 4), ("en", "cs"): _split("cs", 4, 4)}
+    assert MultilingualShards(splits).pair_reads == {("en", "de"): 1, ("en", "cs"): 1}  # 1: as the sizes give
+    # T = 2: weights 0.76 and 0.24 (pair_weights), for 40 and 4 pairs: the small one 3.2 times as often a pair.
+    assert MultilingualShards(splits, temperature=2.0).pair_reads == {("en", "de"): 1, ("en", "cs"): 3}
+    shards = MultilingualShards(splits, temperature=1e9)  # evened out: half of an epoch each
+    assert shards.pair_reads == {("en", "de"): 1, ("en", "cs"): 10}
+    tokenizer = Tokenizer(train_sentencepiece([t for pair in shards.sample() for t in pair], 60, symbols=[tag("de"), tag("cs")]))
+    tokenized = TokenizedShards(shards, tokenizer, str(tmp_path / "tokenized"))
+    try:
+        epoch = [target for _, target in tokenized.dataset().take(80).as_numpy_iterator()]  # 40 + 10 x 4 pairs
+    finally:
+        tokenized.close()
+    targets = tokenizer.detokenize(tf.ragged.constant(epoch)).numpy()
+    assert sum(t.startswith(b"de ") for t in targets) == 40 == sum(t.startswith(b"cs ") for t in targets)
+    assert len(set(targets)) == 44  # every pair, the small one's ten times each
+    assert sorted(os.listdir(tmp_path / "tokenized")) == [f"shard-{i:05d}.tfrecord" for i in range(11)]  # each written once

@@ -7,7 +7,8 @@ as ours does.
     parse_pairs("en-de,en-fr")        the directions of a --pairs flag
     tag("de")                          "<2de>": the token that asks for German
     pair_weights(sizes, temperature)   each pair's share of the training batches
-    MultilingualShards(splits)         several pairs' training splits as one, their sources tagged
+    MultilingualShards(splits, T)      several pairs' training splits as one, their sources tagged,
+                                       an epoch reading each pair as much as its weight asks
 """
 
 import re
@@ -62,20 +63,29 @@ def pair_weights(sizes, temperature=1.0):
 
 class MultilingualShards(TextShards):
     """The training splits of several pairs as one `TextShards`: the first pair's shards, then the
-    next's, each source tagged with its pair's target language. The tokenizer's sample takes as
-    many pairs from each pair's own sample (up to `sample_size` in all), so that a small pair's
-    script is not crowded out of the shared vocabulary.
+    next's, each source tagged with its pair's target language. An epoch reads every shard of
+    the pair that its weight favours least once, and each other pair's shards as many times as
+    bring its share of the epoch nearest its weight (`pair_weights`; at least once). The
+    tokenizer's sample takes as many pairs from each pair's own sample (up to `sample_size` in
+    all), so that a small pair's script is not crowded out of the shared vocabulary.
 
     Args:
         splits: {(source language, target language): its `TextShards`}, in the run's order.
+        temperature: `pair_weights`' (1: each pair as often as its size gives).
         sample_size: the pairs of the tokenizer's sample, over all pairs.
     """
 
-    def __init__(self, splits, sample_size=TOKENIZER_SAMPLE):
+    def __init__(self, splits, temperature=1.0, sample_size=TOKENIZER_SAMPLE):
         self.splits = dict(splits)
         self.sample_size = sample_size
         self._shards = [(pair, shard) for pair, split in self.splits.items() for shard in range(split.num_shards)]
         self.shard_sizes = [self.splits[pair].shard_sizes[shard] for pair, shard in self._shards]
+        sizes = [split.num_pairs for split in self.splits.values()]
+        per_pair = pair_weights(sizes, temperature) / sizes  # how often to read each sentence pair, up to a factor
+        self.pair_reads = dict(zip(self.splits, np.maximum(1, np.round(per_pair / per_pair.min())).astype(int).tolist()))
+
+    def reads(self, shard):
+        return self.pair_reads[self.pair_of(shard)]
 
     def pair_of(self, shard):
         """The (source, target) languages of one of the shards."""

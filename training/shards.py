@@ -24,7 +24,8 @@ class TextShards:
 
     `shard_sizes[i]` is the number of pairs in shard i; `pairs(i)` streams them as a
     `tf.data.Dataset` of scalar strings; `sample()` is the tokenizer's sample, a list of
-    (source, target) strings spread uniformly over the split.
+    (source, target) strings spread uniformly over the split; `reads(i)` is how many times an
+    epoch reads shard i (1; more where a split mixes corpora by weight).
     """
 
     shard_sizes = ()
@@ -42,6 +43,9 @@ class TextShards:
 
     def sample(self):
         raise NotImplementedError
+
+    def reads(self, shard):
+        return 1
 
 
 def _sizes(num_pairs, pairs_per_shard):

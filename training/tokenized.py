@@ -46,7 +46,8 @@ class TokenizedShards:
                 f"{PAIRS_PER_SHARD:,} pairs; the built-in and TFDS corpora into one shard a process at least)."
             )
         self.text, self.tokenizer, self.directory, self.seed = text, tokenizer, directory, seed
-        self.share = list(range(worker, text.num_shards, num_workers))
+        # An epoch's reads of this worker's shards: a shard that a mixture weighs more, more than once.
+        self.share = [shard for shard in range(worker, text.num_shards, num_workers) for _ in range(text.reads(shard))]
         self.show_progress = show_progress
         self._writer = None
         self._error = None
@@ -57,7 +58,7 @@ class TokenizedShards:
 
     def missing(self):
         """The shards of this worker's share not written yet, in the order the first epoch reads them."""
-        first_epoch = [int(shard) for shard in self._shard_order()]
+        first_epoch = list(dict.fromkeys(int(shard) for shard in self._shard_order()))
         return [shard for shard in first_epoch if not tf.io.gfile.exists(self.path(shard))]
 
     def _shard_order(self):
