@@ -61,14 +61,14 @@ def watched(module, flags, phases=(), limit_seconds=3600):
                                stderr=subprocess.STDOUT)  # fmt: skip
     timer = threading.Timer(limit_seconds, process.kill)
     timer.start()
-    seen, output, peak_before_steps = {}, "", None
+    seen, output, peak_before_steps, phases = {}, "", None, dict(phases)
     # Read as it comes, not by lines: the progress bar ends its lines later.
     while chunk := os.read(process.stdout.fileno(), 1 << 16):
         output += chunk.decode("utf-8", "replace")
-        for phase, text in dict(phases).items():
+        for phase, text in phases.items():
             if phase not in seen and (text.search(output) if isinstance(text, re.Pattern) else text in output):
                 seen[phase] = round(time.monotonic() - start, 1)
-                if phase == "steps_start":
+                if phase == "steps_start":  # the progress bar, drawn before the first step: the peak so far
                     peak_before_steps = _peak_rss_mb(process.pid)
     _, status, usage = os.wait4(process.pid, 0)
     timer.cancel()

@@ -4,14 +4,14 @@ captions) translates news (newstest2014) (a) as it is, (b) fine-tuned on 2,000 n
 
     python -m bench.finetune --multi30k ../shared/data/multi30k --news ../shared/data/newstest2014 --run-dir runs/finetune
 
-newstest2014's 3,003 lines, in file order: the first 2,000 train (b) and (c); of the other 1,003,
-the first 500 are dev (--news-split) (each run keeps the checkpoint of its best dev BLEU, `--keep-best`, which is
-what (b) and (c) are scored with) and the last 503 test. Each row is scored on news test with
-cased sacreBLEU (beam 4, alpha 0.6), the general model before and after fine-tuning also on
-Multi30k's test2016 (how much it forgets), with the minutes each run trained. `--general RUN`
-reuses a trained Multi30k run (`python -m bench.multi30k`'s, of any config) instead of training
-one. Other flags go to training.train, after the recipe's. One JSON line a row; the run folders
-stay in --run-dir.
+newstest2014's 3,003 lines, in file order (--news-split): the first 2,000 train (b) and (c); of the
+other 1,003, the first 500 are dev (each run keeps the checkpoint of its best dev BLEU,
+`--keep-best`, which is what (b) and (c) are scored with) and the last 503 test. Each row is
+scored on news test with cased sacreBLEU (beam 4, alpha 0.6), the general model before and after
+fine-tuning also on Multi30k's test2016 (how much it forgets), with the minutes each run
+trained. `--general RUN` reuses a trained Multi30k run (`python -m bench.multi30k`'s, of any
+config) instead of training one. Other flags go to training.train, after the recipe's. One JSON
+line a row; the run folders stay in --run-dir.
 """
 
 import argparse
@@ -57,7 +57,8 @@ def trained(run_dir, flags):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # fmt: skip  (other flags go to training.train whole)
     parser.add_argument("--multi30k", help="the Multi30k folder (train, val, test2016 .en / .de)")
     parser.add_argument("--news", help="the folder of newstest2014.en / .de")
     parser.add_argument("--run-dir", help="where the runs go (default: runs/finetune)")

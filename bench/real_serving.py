@@ -176,16 +176,18 @@ def prepare(run_dir, scratch, args, name, given=None):
 
     exports = {}  # greedy search has no stopping rule
     if given:
-        exports[read_metadata(given)["beam_size"], read_metadata(given)["stopping"]] = {"export": given}
+        decoding = read_metadata(given)
+        exports[decoding["beam_size"], decoding["stopping"]] = {"export": given}
     for size in args.beam_sizes if not given else ():
         for stopping in args.stopping if size > 1 else [DecodingSettings.stopping]:
             settings = DecodingSettings(beam_size=size, stopping=stopping,
                                         **({} if args.max_length_b is None else {"max_length_b": args.max_length_b}))  # fmt: skip
             for kind in args.exports:
+                features = kind.split("+")
                 exports.setdefault((size, stopping), {})[kind] = export(
                     run_dir, os.path.join(scratch, f"beam{size}_{stopping}_{kind}"), settings,
-                    compiled_shapes=CompiledShapes() if "xla" in kind.split("+") else None,
-                    shortlist="run" if "shortlist" in kind.split("+") else None)  # fmt: skip
+                    compiled_shapes=CompiledShapes() if "xla" in features else None,
+                    shortlist="run" if "shortlist" in features else None)  # fmt: skip
     if not ctranslate2_reference.available():
         print("CTranslate2 is not installed: no reference rows (pip install -r export/requirements.txt).", file=sys.stderr)
         return Run(name, exports)

@@ -158,11 +158,11 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         }
         assets = os.path.join(staging, "_assets")
         os.makedirs(assets)
-        with open(os.path.join(assets, os.path.basename(METADATA)), "w") as f:
-            json.dump(metadata, f, indent=2, sort_keys=True)
-        tf.io.gfile.copy(run.config_path, os.path.join(assets, "config.json"))
-        tf.io.gfile.copy(run.tokenizer_path, os.path.join(assets, "sentencepiece.model"))
         asset_paths = [os.path.join(assets, name) for name in (os.path.basename(METADATA), "config.json", "sentencepiece.model")]
+        with open(asset_paths[0], "w") as f:
+            json.dump(metadata, f, indent=2, sort_keys=True)
+        tf.io.gfile.copy(run.config_path, asset_paths[1])
+        tf.io.gfile.copy(run.tokenizer_path, asset_paths[2])
         translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches,
                                 compiled_shapes=compiled_shapes, shortlist=table)  # fmt: skip
         saved = os.path.join(staging, "model")
