@@ -11,7 +11,8 @@ and what scoring costs against a search.
 With --options the systems are `serving_default`; `options` with nothing set, with each option
 of OPTIONS alone at its example value, and with all; and `score` of `serving_default`'s
 translations. FILE holds sources, one a line, or test pairs as JSON lines (`[source,
-reference]`, as bench.real_serving writes them). One JSON line a round, then one a system: its
+reference, ...]`, as bench.real_serving writes them). An export of several target languages
+writes its first (`loaded.translate`'s default). One JSON line a round, then one a system: its
 ratios' median and range.
 """
 
@@ -22,25 +23,26 @@ from bench.common import emit, ratio_summary, timed_rounds
 
 
 def read_sources(path, limit):
-    """The first `limit` source sentences of a file of sentences or of JSON `[source, reference]`
-    lines, and their references (None for plain sentences)."""
+    """The first `limit` source sentences of a file of sentences or of JSON `[source, reference,
+    ...]` lines, and their references (None for plain sentences)."""
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()[:limit]
     if not lines or not lines[0].startswith("["):
         return lines, None
     pairs = [json.loads(line) for line in lines]
-    return [source for source, _ in pairs], [reference for _, reference in pairs]
+    return [pair[0] for pair in pairs], [pair[1] for pair in pairs]
 
 
 def exports(export_dirs, tf):
-    """Each export's `serving_default`: {name: function(request text) -> translations}; an export
-    named twice (an A/A run) is loaded once, and named DIR#INDEX."""
+    """Each export's `serving_default` (its loaded method, which applies the signature's defaults):
+    {name: function(request text) -> translations}; an export named twice (an A/A run) is loaded
+    once, and named DIR#INDEX."""
     loaded, calls = {}, {}
     for index, export_dir in enumerate(export_dirs):
         if export_dir not in loaded:
-            loaded[export_dir] = tf.saved_model.load(export_dir).signatures["serving_default"]
+            loaded[export_dir] = tf.saved_model.load(export_dir)  # kept: its methods need its variables
         name = export_dir if export_dirs.count(export_dir) == 1 else f"{export_dir}#{index}"
-        calls[name] = lambda text, serve=loaded[export_dir]: serve(text=text)["translation"]
+        calls[name] = lambda text, served=loaded[export_dir]: served.translate(text)["translation"]
     return calls
 
 

@@ -23,6 +23,7 @@ install -r export/requirements.txt`) only ours is measured.
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -36,9 +37,10 @@ from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated
 from export.layout import WARMUP_REQUESTS, read_metadata
 
 
-def measure_ours(export_dir, sentences, batch, serving_threads=True):
-    """Our export, started as a server starts it; returns its translations of `sentences`, each
-    request's seconds, and its cold start: load, warm-up and the first request of one sentence."""
+def measure_ours(export_dir, sentences, batch, serving_threads=True, languages=None):
+    """Our export, started as a server starts it; returns its translations of `sentences` (into
+    `languages`, one each, for an export of several), each request's seconds, and its cold
+    start: load, warm-up and the first request of one sentence."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SentencePiece ops of the SavedModel)
 
@@ -53,13 +55,16 @@ def measure_ours(export_dir, sentences, batch, serving_threads=True):
     replay_warmup_requests(export_dir, loaded)
     warm = time.perf_counter()
 
-    def translate(texts):
-        return [t.decode("utf-8") for t in serve(text=tf.constant(texts))["translation"].numpy()]
+    def translate(requests):  # sentences, or (sentence, language) pairs for an export of several languages
+        texts, asked = zip(*requests) if languages else (requests, None)
+        inputs = {"target_language": tf.constant(asked)} if languages else {}
+        return [t.decode("utf-8") for t in serve(text=tf.constant(texts), **inputs)["translation"].numpy()]
 
-    translate(sentences[:1])
+    requests = list(zip(sentences, languages)) if languages else sentences
+    translate(requests[:1])
     cold = {"load_s": round(load - start, 2), "warmup_s": round(warm - load, 2),
             "first_request_ms": round(1000 * (time.perf_counter() - warm), 1)}  # fmt: skip
-    return (*_timed_pass(translate, sentences, batch), cold)
+    return (*_timed_pass(translate, requests, batch), cold)
 
 
 def replay_warmup_requests(export_dir, loaded):
@@ -93,8 +98,9 @@ def measure_ctranslate2(model_dir, sentences, batch, beam_size, alpha, max_lengt
 
 
 def _timed_pass(translate, sentences, batch):
-    """Translates `sentences` in batches of `batch`, in order, once to warm up and once timed;
-    returns the timed pass's translations and each request's seconds."""
+    """Translates `sentences` (what `translate` takes a list of) in batches of `batch`, in order,
+    once to warm up and once timed; returns the timed pass's translations and each request's
+    seconds."""
     translate(sentences[:batch])
     translations, seconds = [], []
     for begin in range(0, len(sentences), batch):
@@ -109,12 +115,17 @@ def worker(args):
     import sacrebleu
 
     with open(args.sentences, encoding="utf-8") as f:
-        sources, references = zip(*(json.loads(line) for line in f))
-    sources, references = list(sources), list(references)
+        sources, references, languages = (list(side) for side in zip(*(json.loads(line) for line in f)))
     decoding = read_metadata(args.export_dir)
+    several = len(decoding.get("target_languages", ())) > 1
     if args.worker == "ours":
-        translations, seconds, cold = measure_ours(args.export_dir, sources, args.batch, not args.tensorflow_threads)
+        translations, seconds, cold = measure_ours(args.export_dir, sources, args.batch, not args.tensorflow_threads,
+                                                   languages if several else None)  # fmt: skip
     else:
+        if several:  # CTranslate2 reads the tag in the source, as the export puts it there
+            from training.languages import tagged
+
+            sources = [tagged(source, language) for source, language in zip(sources, languages)]
         translations, seconds, cold = measure_ctranslate2(args.ctranslate2_dir, sources, args.batch, decoding["beam_size"],
                                                            decoding["alpha"], decoding["max_length_b"], args.use_vmap)  # fmt: skip
     with open(args.translations, "w", encoding="utf-8") as f:
@@ -151,14 +162,17 @@ class Run:
 
 
 def test_pairs(run_dir, limit):
-    """The run's first `limit` test pairs (None: all)."""
+    """The first `limit` test pairs (None: all) of each of the run's pairs, as (source, reference,
+    target language): for a run of several, the pairs' sentences in turn."""
     from training.run_folder import RunFolder
 
-    return RunFolder(run_dir).load_corpus().text_pairs("test", limit)
+    of_each = [[(*pair, target) for pair in corpus.text_pairs("test", limit)]
+               for (_, target), corpus in RunFolder(run_dir).load_corpora().items()]  # fmt: skip
+    return [pair for turn in itertools.zip_longest(*of_each) for pair in turn if pair is not None]
 
 
 def write_pairs(pairs, scratch):
-    """`pairs` as the workers read them (a JSON pair a line); returns the file."""
+    """`pairs` as the workers read them (a JSON list a line); returns the file."""
     path = os.path.join(scratch, "test.jsonl")
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
@@ -310,7 +324,7 @@ def main(argv=None):
             runs.append(prepare(run_dir, os.path.join(scratch, name), args, name, args.export if index == 0 else None))
             if any("shortlist" in kind for kind in args.exports):  # the run's table exists now
                 for batch in args.batch_sizes:
-                    mean, vocab_size = mean_candidates(run_dir, [source for source, _ in pairs], batch)
+                    mean, vocab_size = mean_candidates(run_dir, [source for source, _, _ in pairs], batch)
                     emit({"benchmark": "real_serving_candidates", "run": name, "batch": batch,
                           "mean_candidates": round(mean, 1), "vocab_size": vocab_size})  # fmt: skip
         from bench import ctranslate2_reference

@@ -6,7 +6,7 @@ written to a hidden folder beside it and renamed into place, so a server never s
 and an interrupted export leaves no version behind. Decoding settings are fixed at export.
 
 The SavedModel's assets hold the SentencePiece model, the model config and `metadata.json`
-(languages, vocabulary, decoding settings, source checkpoint, BLEU if the run has it), and
+(languages and pairs, vocabulary, decoding settings, source checkpoint, BLEU if the run has it), and
 `assets.extra/tf_serving_warmup_requests` the requests TF Serving warms a new version up with.
 """
 
@@ -32,12 +32,13 @@ from training.run_folder import RunFolder, local_copy
 WARMUP_BATCH_SIZES = (1, 32)  # the batch sizes of the warm-up requests (export/layout.py)
 
 
-def write_warmup_requests(path, tokenizer, max_source_length, settings, seed=0, compiled_shapes=None):
+def write_warmup_requests(path, tokenizer, max_source_length, settings, target_languages, seed=0, compiled_shapes=None):
     """Writes `path`: for each signature of `SIGNATURES`, one `PredictionLog` record per batch size
     of `WARMUP_BATCH_SIZES`, a request of made-up sentences (random pieces of the vocabulary, of
     lengths up to the model's `max_source_length`) and the signature's warm-up values for an
-    export of `settings`. With `compiled_shapes` (an XLA export), `serving_default` also gets a
-    request of each compiled shape, so that the server compiles them all before it serves."""
+    export of `settings` and `target_languages`. With `compiled_shapes` (an XLA export),
+    `serving_default` also gets a request of each compiled shape, so that the server compiles
+    them all before it serves."""
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     rng = np.random.default_rng(seed)
@@ -52,7 +53,7 @@ def write_warmup_requests(path, tokenizer, max_source_length, settings, seed=0, 
             text = _made_up_text(tokenizer, rng, batch, *longest)
             request = predict_pb2.PredictRequest()
             request.model_spec.signature_name = signature.name
-            for name, values in signature.warmup(text, settings).items():
+            for name, values in signature.warmup(text, settings, target_languages).items():
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
@@ -134,6 +135,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
     if compiled_shapes is not None:
         compiled_shapes = compiled_shapes.within(model.config.max_length)
     tokenizer = run.load_tokenizer()
+    served = run.targets()
     table, shortlist_record = _shortlist(run, shortlist) if shortlist else (None, None)
     run_settings, metrics = run.settings(), {}
     if tf.io.gfile.exists(run.metrics_path):
@@ -145,6 +147,8 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         metadata = {
             "source_lang": run_settings["source_lang"],
             "target_lang": run_settings["target_lang"],
+            "pairs": run_settings["pairs"].split(","),
+            "target_languages": list(served),
             "dataset": run_settings["dataset"],
             "vocab_size": model.config.vocab_size,
             **dataclasses.asdict(settings),
@@ -163,13 +167,13 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
             json.dump(metadata, f, indent=2, sort_keys=True)
         tf.io.gfile.copy(run.config_path, asset_paths[1])
         tf.io.gfile.copy(run.tokenizer_path, asset_paths[2])
-        translator = Translator(model, tokenizer, settings, assets=asset_paths, searches=searches,
+        translator = Translator(model, tokenizer, settings, languages=served, assets=asset_paths, searches=searches,
                                 compiled_shapes=compiled_shapes, shortlist=table)  # fmt: skip
         saved = os.path.join(staging, "model")
         signatures = {signature.name: getattr(translator, signature.method) for signature in SIGNATURES}
         tf.saved_model.save(translator, saved, signatures=signatures)
         write_warmup_requests(os.path.join(saved, WARMUP_REQUESTS), tokenizer, model.config.max_length,
-                              settings, compiled_shapes=compiled_shapes)  # fmt: skip
+                              settings, list(served), compiled_shapes=compiled_shapes)  # fmt: skip
         os.rename(saved, target)  # atomic on one filesystem
     finally:
         shutil.rmtree(staging, ignore_errors=True)

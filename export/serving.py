@@ -2,8 +2,11 @@
 
 Each signature (export/signatures.py declares them: inputs, outputs, defaults; export/README.md
 shows them) is a method of the loaded module: `translate` (`serving_default`), `n_best`,
-`alignments`, `prefix`, `sample`, `options` and `score`. They use only ops of TensorFlow and
-tensorflow-text (which the stock TF Serving binary links), and no XLA.
+`alignments`, `prefix`, `sample`, `options` and `score`. In an export of several target languages
+each also takes `target_language`, the language to write, which puts its tag in front of the
+source (a request without it: the export's first language; an unknown one is an
+InvalidArgument). They use only ops of TensorFlow and tensorflow-text (which the stock TF Serving
+binary links), and no XLA.
 
 Bad input still gets one result per line: bytes that are not UTF-8 are replaced by U+FFFD, a
 source longer than the model's `max_length` tokens is cut there, and outputs have at most
@@ -54,6 +57,9 @@ class Translator(tf.Module):
         model: the `Transformer`.
         tokenizer: the run's `Tokenizer`.
         settings: a `DecodingSettings` (beam size 1 is greedy search).
+        languages: {target language: the text in front of a source that asks for it (its tag
+            and a space, training/languages.py; "" for a model of one pair)}, the first the
+            default.
         assets: files to carry in the SavedModel's assets (the SentencePiece model, config,
             metadata).
         searches: the independent searches a request's sentences are split between.
@@ -64,10 +70,11 @@ class Translator(tf.Module):
             candidates (keras_transformer/search/shortlist.py); None: the whole vocabulary.
     """
 
-    def __init__(self, model, tokenizer, settings=DecodingSettings(), assets=(), searches=PARALLEL_SEARCHES,
+    def __init__(self, model, tokenizer, settings=DecodingSettings(), *, languages, assets=(), searches=PARALLEL_SEARCHES,
                  compiled_shapes=None, shortlist=None):  # fmt: skip
         super().__init__()
         self.model = model
+        self.languages = dict(languages)
         # The tf.Variables behind Keras 3's variables, tracked here so that the C++ loader (TF
         # Serving, saved_model_cli) restores them too, not only tf.saved_model.load in Python.
         self.model_variables = [weight.value for weight in model.weights]
@@ -86,17 +93,18 @@ class Translator(tf.Module):
         object.__setattr__(self, "_translate_ids", translate_ids)
         # Outputs of the `options` signature have at most the export's limit for its longest source.
         self.longest_output = int(settings.max_length_a * model.config.max_length) + settings.max_length_b
-        for signature in SIGNATURES:  # its method: an input with an option defaults to the export's value
-            method = self._checked(getattr(self, "_" + signature.method), signature.inputs)
-            defaults = [self._default(row.option) for row in signature.inputs if row.option is not None]
-            setattr(self, signature.method, with_defaults(method, signature.specs(), defaults))
+        for signature in SIGNATURES:  # its method: an input with a default defaults to the export's value
+            inputs = signature.served_inputs(self.languages)
+            method = self._checked(getattr(self, "_" + signature.method), inputs)
+            defaults = [self._default(row) for row in inputs if row.has_default]
+            setattr(self, signature.method, with_defaults(method, [row.spec for row in inputs], defaults))
 
-    def _translate(self, text):
-        result = self._translate_ids(self._source_ids(text))
+    def _translate(self, text, target_language=None):
+        result = self._translate_ids(self._source_ids(text, target_language))
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
-    def _alignments(self, text):
-        source_ids = self._source_ids(text)
+    def _alignments(self, text, target_language=None):
+        source_ids = self._source_ids(text, target_language)
         result = self._search(self.settings, source_ids)
         source_length, target_length = (tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=1)
                                         for ids in (source_ids, result.tokens))  # fmt: skip
@@ -111,13 +119,13 @@ class Translator(tf.Module):
             "attention": alignments(self.model, source_ids, tokens, self.settings.alignment_layer),
         }
 
-    def _n_best(self, text, n):
+    def _n_best(self, text, n, target_language=None):
         # The beam's k best, all final; their first n are the n best.
         settings = dataclasses.replace(self.settings, num_hypotheses=self.settings.beam_size)
-        return self._lists(self._search(settings, self._source_ids(text)), n)
+        return self._lists(self._search(settings, self._source_ids(text, target_language)), n)
 
-    def _prefix(self, text, prefix):
-        source_ids = self._source_ids(text)
+    def _prefix(self, text, prefix, target_language=None):
+        source_ids = self._source_ids(text, target_language)
         prefix_ids = self.tokenizer.tokenize(_clean(prefix)).to_tensor()  # [batch, p]
         limit, _ = length_limits(self.model, source_ids, self.settings, None)  # [batch]
         pieces = tf.reduce_sum(tf.cast(prefix_ids != PAD_ID, tf.int32), axis=1)
@@ -127,26 +135,26 @@ class Translator(tf.Module):
             result = self._search(self.settings, source_ids, prefix_ids)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
-    def _sample(self, text, samples, temperature, top_k, top_p, seed):
+    def _sample(self, text, samples, temperature, top_k, top_p, seed, target_language=None):
         width = tf.reduce_max(tf.concat([samples, [0]], axis=0))
-        result = self._sampled(self._source_ids(text), seed, temperature, top_k, top_p, width)
+        result = self._sampled(self._source_ids(text, target_language), seed, temperature, top_k, top_p, width)
         return self._lists(result, samples)
 
-    def _options(self, text, *values):
-        """`serving_default` with the decoding options of `OPTIONS`, each a value per sentence
-        (or one for all); the export's where a request gives none."""
-        source_ids = self._source_ids(text, max_length=None)  # cut below, at the request's limit or the model's
-        options = {option.name: self._pieces_of_phrases(value) if option.kind.tokenized else value
-                   for option, value in zip(OPTIONS, values)}  # fmt: skip
+    def _options(self, text, target_language=None, **values):
+        """`serving_default` with the decoding options of `OPTIONS` (`values`, by name), each a
+        value per sentence (or one for all); the export's where a request gives none."""
+        source_ids = self._source_ids(text, target_language, max_length=None)  # cut below, at the request's limit or the model's
+        options = {option.name: self._pieces_of_phrases(values[option.name]) if option.kind.tokenized else values[option.name]
+                   for option in OPTIONS}  # fmt: skip
         limit = options.pop("max_input_length")
         limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
         source_ids, was_cut = cut(source_ids, limit)  # cut here, not again per slice
         result = self._search_with_options(_trimmed(source_ids), options)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores, "cut": was_cut}
 
-    def _score(self, text, target, alpha):
-        source_ids = self._source_ids(text)
-        target_ids = self._source_ids(target)  # its pieces and the end of sentence
+    def _score(self, text, target, alpha, target_language=None):
+        source_ids = self._source_ids(text, target_language)
+        target_ids = self._ids(target)  # its pieces and the end of sentence
 
         def scored(source_ids, target_ids, alpha):  # a slice's, trimmed to its own longest source and target
             return score_translations(self.model, _trimmed(source_ids), _trimmed(target_ids), alpha)
@@ -156,8 +164,12 @@ class Translator(tf.Module):
         return {"log_prob": result.log_prob, "score": result.score, "token_log_probs": result.token_log_probs,
                 "length": result.length}  # fmt: skip
 
-    def _default(self, option):
-        """The export's value of `option` as the signature's default: one value, for every sentence."""
+    def _default(self, row):
+        """The export's value of input `row` as the signature's default: one value, for every
+        sentence. An option's is the export's decoding setting; `target_language`'s, its first."""
+        option = row.option
+        if option is None:
+            return tf.constant([next(iter(self.languages))])
         value = getattr(self.settings, option.name)
         if not option.kind.tokenized:
             return tf.constant([value], option.kind.served_dtype)
@@ -172,15 +184,20 @@ class Translator(tf.Module):
 
         def checked(first, *values):
             values = [_of_its_rank(first, inputs[0].name)] + [
-                _per_sentence(value, row.name, first, inputs[0].name, broadcast=row.option is not None)
+                _per_sentence(value, row.name, first, inputs[0].name, broadcast=row.has_default)
                 for row, value in zip(inputs[1:], values)]  # fmt: skip
             with tf.control_dependencies([check for row, value in zip(inputs, values) for check in self._checks(row, value)]):
-                return method(*(tf.identity(value) for value in values))
+                return method(**{row.name: tf.identity(value) for row, value in zip(inputs, values)})
 
         return checked
 
     def _checks(self, row, value):
-        """Assertions that `value` is valid for the input `row`, whose InvalidArgument names it."""
+        """Assertions that `value` is valid for the input `row`, whose InvalidArgument names it
+        (and for `target_language`, the unknown languages and the served ones)."""
+        if row.name == "target_language":
+            known = tf.reduce_any(tf.equal(value[:, None], tf.constant(list(self.languages))[None, :]), axis=1)
+            message = f"target_language must be one of the served languages {', '.join(self.languages)}; unknown:"
+            return [tf.debugging.Assert(tf.reduce_all(known), [message, tf.boolean_mask(value, ~known)])]
         if row.check is None:
             return []
         valid, most = row.check(value), getattr(self.settings, row.bound) if row.bound else None
@@ -219,12 +236,24 @@ class Translator(tf.Module):
         asked = tf.range(width)[None] < n[:, None]  # [batch, width]
         return {"translations": tf.where(asked, translations, ""), "scores": tf.where(asked, scores, NEG_INF)}
 
-    def _source_ids(self, text, max_length=-1):
-        """Text `[batch]` -> ids `[batch, length]` cut at `max_length` tokens (default: the
-        model's; None: not cut)."""
-        text = _clean(text)
+    def _source_ids(self, text, target_language=None, max_length=-1):
+        """Text `[batch]` -> the ids the model reads `[batch, length]`, each asking for its
+        `target_language` (`[batch]`, checked already; None: the export's only one), cut at
+        `max_length` tokens (`_ids`)."""
+        if target_language is None:  # the export's one language: its tag, or none for a model of one pair
+            prefixes = next(iter(self.languages.values()))
+            if not prefixes:
+                return self._ids(text, max_length)
+        else:
+            served = tf.equal(target_language[:, None], tf.constant(list(self.languages))[None, :])  # [batch, languages]
+            prefixes = tf.gather(tf.constant(list(self.languages.values())), tf.argmax(tf.cast(served, tf.int32), axis=1))
+        return self._ids(tf.strings.join([prefixes, _clean(text)]), max_length)
+
+    def _ids(self, text, max_length=-1):
+        """Text `[batch]` -> its pieces and end of sentence `[batch, length]`, cut at `max_length`
+        tokens (default: the model's; None: not cut)."""
         max_length = self.model.config.max_length if max_length == -1 else max_length
-        return self.tokenizer.encode_source(text, max_length).to_tensor()
+        return self.tokenizer.encode_source(_clean(text), max_length).to_tensor()
 
     def _search(self, settings, source_ids, target_prefix=None):
         def search(ids, prefix=None):

@@ -1,13 +1,14 @@
 """The SavedModel's signatures and the inputs a request may set, each declared once.
 
-`INPUTS` is the table of request inputs: the text, `n`, the sampling inputs, `prefix`, `target`
-and the decoding options (`OPTIONS`), a row each, with its kind (dtype and rank), its check, its
-bound in an export, its default and its warm-up value. `SIGNATURES` declares each signature: its
-inputs (rows of `INPUTS`), its outputs, and how `python -m export.translate` asks for it and
-prints what it returns. The served module (`export.serving.Translator`: the method behind each,
-the inputs' checks and defaults), the warm-up requests (`export.saved_model`),
-export.translate and export/README.md's tables (`python -m export.signatures`) are made from
-them, so a new signature is its method, its declaration here, and its test.
+`INPUTS` is the table of request inputs: the text, `n`, the sampling inputs, `prefix`, `target`,
+`target_language` and the decoding options (`OPTIONS`), a row each, with its kind (dtype and
+rank), its check, its bound in an export, its default and its warm-up value. `SIGNATURES`
+declares each signature: its inputs (rows of `INPUTS`), its outputs, and how `python -m
+export.translate` asks for it and prints what it returns. The served module
+(`export.serving.Translator`: the method behind each, the inputs' checks and defaults), the
+warm-up requests (`export.saved_model`), export.translate and export/README.md's tables
+(`python -m export.signatures`) are made from them, so a new signature is its method, its
+declaration here, and its test.
 """
 
 import dataclasses
@@ -30,6 +31,7 @@ from keras_transformer.search.settings import INT32, Kind  # noqa: E402
 # Samples a request may ask for each sentence: each is a search of its own, and memory grows with them.
 MAX_SAMPLES = 100
 STRING = Kind(str, "string")
+LANGUAGES = "the export's target languages"  # a warm-up value: each sentence one of them, in turn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +48,10 @@ class Input:
         option: the decoding option it sets (`OPTIONS`): a request that leaves it out gets the
             export's value, which the SignatureDef records as its default, and one value may
             stand for every sentence. Without one, the input is a value for each sentence.
-        warmup: its value for each sentence of a warm-up request (None: the request's text).
+        default: for an input without an option whose default is the export's too, that
+            default in words (the served module gives it: `export.serving.Translator._default`).
+        warmup: its value for each sentence of a warm-up request (None: the request's text;
+            `LANGUAGES`: the export's target languages in turn).
     """
 
     name: str
@@ -56,7 +61,13 @@ class Input:
     check: object = None
     bound: str = ""
     option: object = None
+    default: str = ""
     warmup: object = None
+
+    @property
+    def has_default(self):
+        """A request may leave it out (and give one value for all sentences)."""
+        return self.option is not None or bool(self.default)
 
     @property
     def spec(self):
@@ -76,6 +87,8 @@ class Input:
         if self.option is not None:
             default = "none" if self.option.default == () else str(self.option.default).lower()
             doc += f" (default {default}; {self.valid})"
+        elif self.default:
+            doc += f" (default {self.default}; {self.valid})"
         elif self.valid:
             doc += f" ({self.valid})"
         return f"| input | `{self.name}` | `tf.{self.kind.served_dtype}` | `{shape}`{': ' + doc if doc else ''} |"
@@ -99,6 +112,8 @@ INPUTS = (
     Input("seed", INT32, "for each sentence, the seed its samples are a function of", warmup=np.int32(0)),
     Input("prefix", STRING, 'for each sentence, the start of its translation; `""` for none', warmup=b""),
     Input("target", STRING, "a translation of each sentence"),
+    Input("target_language", STRING, "in an export of several target languages, the language to write for each "
+          "sentence", "one of metadata.json's `target_languages`", default="the export's first", warmup=LANGUAGES),  # fmt: skip
     *(option_input(option) for option in OPTIONS),
 )  # fmt: skip
 INPUT = {row.name: row for row in INPUTS}
@@ -128,22 +143,28 @@ SCORE = Output("score", "float32", "log-probability / length penalty")
 class Signature:
     """A signature: `name` (the SignatureDef's key), `method` (the `Translator` method behind it,
     also the loaded module's), `inputs` (rows of `INPUTS`, in the method's order: the first
-    gives the batch, those with an `option` last), `outputs`; and for export.translate, the
+    gives the batch, those with a default last), `outputs`; and for export.translate, the
     methods below."""
 
     name = method = ""
-    inputs = (INPUT["text"],)
+    inputs = (INPUT["text"], INPUT["target_language"])
     outputs = ()
 
-    def specs(self):
-        return [row.spec for row in self.inputs]
+    def served_inputs(self, languages):
+        """Its inputs in an export of target `languages`: `target_language` only where there are
+        several, so that the SignatureDefs of an export of one are as they were before it existed
+        (TF's signature functions in Python and Keras' TFSMLayer take every input, defaults or not)."""
+        return tuple(row for row in self.inputs if row.name != "target_language" or len(languages) > 1)
 
-    def warmup(self, text, settings):
+    def warmup(self, text, settings, languages):
         """The inputs of a warm-up request of `text` (a NumPy array of strings) to an export of
-        `settings`: each row's warm-up value, within the export's bounds."""
+        `settings` and target `languages`: each row's warm-up value, within the export's bounds."""
         inputs = {}
-        for row in self.inputs:
-            value = text if row.warmup is None else np.stack([row.warmup] * len(text))
+        for row in self.served_inputs(languages):
+            if row.warmup is LANGUAGES:
+                value = np.resize(np.array([language.encode() for language in languages], object), len(text))
+            else:
+                value = text if row.warmup is None else np.stack([row.warmup] * len(text))
             inputs[row.name] = np.minimum(value, getattr(settings, row.bound)) if row.bound else value
         return inputs
 
@@ -197,7 +218,7 @@ class Translate(Signature):
 class NBest(Signature):
     name = method = "n_best"
     flag = ("--n-best", dict(type=int, help="print each sentence's N best translations, with their scores"))
-    inputs = (INPUT["text"], INPUT["n"])
+    inputs = (INPUT["text"], INPUT["n"], INPUT["target_language"])
     outputs = (Output("translations", "string", "as many columns as the largest n", rank=2),
                Output("scores", "float32", rank=2))  # fmt: skip
 
@@ -236,7 +257,7 @@ class Alignments(Signature):
 class Prefix(Signature):
     name = method = "prefix"
     flag = ("--prefix", dict(help="the start each translation must have"))
-    inputs = (INPUT["text"], INPUT["prefix"])
+    inputs = (INPUT["text"], INPUT["prefix"], INPUT["target_language"])
     outputs = (TRANSLATION, SCORE)
 
     def request(self, args, batch, start):
@@ -246,7 +267,8 @@ class Prefix(Signature):
 class Sample(Signature):
     name = method = "sample"
     flag = ("--sample", dict(type=int, help="print N translations of each sentence drawn at random, with their scores"))
-    inputs = (INPUT["text"], INPUT["samples"], *(INPUT[option.name] for option in SAMPLING_OPTIONS), INPUT["seed"])
+    inputs = (INPUT["text"], INPUT["samples"], *(INPUT[option.name] for option in SAMPLING_OPTIONS), INPUT["seed"],
+              INPUT["target_language"])  # fmt: skip
     outputs = (Output("translations", "string", 'as many columns as the largest `samples`, padded with `""`', rank=2),
                Output("scores", "float32", "the model's own log-probability / length penalty of each, -1e9 on padding", rank=2))  # fmt: skip
 
@@ -273,7 +295,7 @@ class Sample(Signature):
 
 class Options(Signature):
     name = method = "options"
-    inputs = (INPUT["text"], *(INPUT[option.name] for option in OPTIONS))
+    inputs = (INPUT["text"], INPUT["target_language"], *(INPUT[option.name] for option in OPTIONS))
     outputs = (TRANSLATION, SCORE, Output("cut", "bool", "the source was cut (at `max_input_length` or the model's `max_length`)"))
 
     def add_flags(self, parser, group):
@@ -297,7 +319,7 @@ class Options(Signature):
 class Score(Signature):
     name = method = "score"
     flag = ("--score", dict(metavar="FILE", help="score the translations in FILE, one a line, instead"))
-    inputs = (INPUT["text"], INPUT["target"], INPUT["alpha"])
+    inputs = (INPUT["text"], INPUT["target"], INPUT["target_language"], INPUT["alpha"])
     outputs = (
         Output("log_prob", "float32", "log P(target \\| text), its end of sentence included"),
         Output("score", "float32", "log_prob / length penalty, the score a search gives it"),

@@ -12,7 +12,8 @@ start with TEXT; --sample N, N translations of each sentence drawn at random (--
 (--no-repeat-ngram-size 3, --min-length 2, ...: the `options` signature, the export's values for
 the others), reporting each sentence whose source was cut on standard error; --score FILE, the
 score, the log-probability and each piece's log-probability of the translations in FILE (a line
-per sentence) instead.
+per sentence) instead. `--to LANG` asks an export of several target languages for LANG (default:
+its first).
 """
 
 import argparse
@@ -28,6 +29,7 @@ quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (registers the SentencePiece ops the SavedModel uses)
 
+from export.layout import read_metadata  # noqa: E402
 from export.serving import use_serving_threads  # noqa: E402
 from export.signatures import SIGNATURES  # noqa: E402
 
@@ -49,6 +51,8 @@ def main(argv=None):
     parser.add_argument("--input-file", help="one sentence per line")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--scores", action="store_true", help="print each score before its translation")
+    parser.add_argument("--to", metavar="LANG", help="the language to write, of the export's (metadata.json's "
+                        "target_languages; default: its first)")  # fmt: skip
     other = parser.add_mutually_exclusive_group()
     for signature in SIGNATURES:
         signature.add_flags(parser, other)
@@ -66,6 +70,10 @@ def main(argv=None):
         else:
             sentences = args.sentences or sys.stdin.read().splitlines()
         signature.prepare(args, export_dir, sentences)
+        metadata = read_metadata(export_dir)
+        served = metadata.get("target_languages") or [metadata["target_lang"]]  # or an export of older code's
+        if args.to and args.to not in served:
+            raise ValueError(f"--to {args.to}: {export_dir} writes {', '.join(served)}.")
     except ValueError as error:
         sys.exit(f"error: {error}")
     use_serving_threads()
@@ -74,7 +82,10 @@ def main(argv=None):
         sys.exit(f"error: {export_dir} has no {signature.name} signature (an export of an earlier version): export it again.")
     for start in range(0, len(sentences), args.batch_size):
         batch = tf.constant(sentences[start : start + args.batch_size])
-        result = getattr(translator, signature.method)(**signature.request(args, batch, start))
+        request = signature.request(args, batch, start)
+        if args.to and len(served) > 1:  # an export of one language has no such input
+            request["target_language"] = tf.fill(tf.shape(batch), args.to)
+        result = getattr(translator, signature.method)(**request)
         for line in signature.lines({key: value.numpy() for key, value in result.items()}, start, args):
             print(line, flush=True)
 

@@ -5,13 +5,17 @@ the environment, by the subprocesses and the benchmarks' smoke modes that tests 
     tensorflow/           `python -m training.train` with the recipe, dev BLEU every 80 steps
                           on 20 sentences and test BLEU at the end, every checkpoint kept
                           (tensorflow.out: its output)
-    jax/                  the recipe's MECHANICS (40 short steps) under JAX (`--backend jax`), no
-                          evaluation
+    jax/                  the recipe's MECHANICS (40 short steps) under JAX (`--backend jax`) into
+                          two target languages (TWO_TARGETS), no evaluation
     exports/float32/1, 4  the TensorFlow run exported with beam 1 (greedy) and beam 4
     exports/bfloat16/1, exports/float16/1
                           the same, beam 4, weights and matmuls in bfloat16 and float16
     exports/jax/1         the JAX run exported by `python -m export` in a shell where
                           KERAS_BACKEND=jax (jax-export.out: its output)
+    multilingual/         the recipe into two target languages, the built-in corpus' German and
+                          its second language (TWO_TARGETS), for 120 steps, greedy dev BLEU every
+                          40 steps on 10 sentences with --keep-best, no test evaluation
+    exports/multilingual/1   that run exported (beam 4)
     reversal/             a 2-layer model trained for some seconds to reverse 2 to 8 tokens (a
                           model whose outputs end at different lengths), with 48 test sources
     jax-decode.out        its searches compiled under JAX (tests/backend_worker.py decode), for
@@ -52,6 +56,10 @@ TIMEOUT_SECONDS = 900  # each process that makes an artifact ends by itself with
 # all its checkpoints kept: a test resumes a killed run of the recipe and compares with one.
 EVALUATION = ["--eval-every", "80", "--eval-sentences", "20", "--keep-checkpoints", "8"]
 REVERSAL_STEPS = 400
+TWO_TARGETS = ["--source-lang", "en", "--target-lang", "de,qaa"]  # the built-in corpus' German and its capitals
+# 120 steps: enough to write each language (the second in capitals), not yet to translate well.
+MULTILINGUAL = [*TWO_TARGETS, "--steps", "120", "--eval-every", "40", "--eval-sentences", "10", "--beam-size", "1",
+                "--keep-best", "--no-evaluate"]  # fmt: skip
 
 
 class Artifacts:
@@ -61,6 +69,7 @@ class Artifacts:
         self.folder = folder
         self.tf_run = os.path.join(folder, "tensorflow")
         self.jax_run = os.path.join(folder, "jax")
+        self.multilingual_run = os.path.join(folder, "multilingual")
         self.export_base = os.path.join(folder, "exports", "float32")
         self.exports = {
             1: os.path.join(self.export_base, "1"),
@@ -68,6 +77,7 @@ class Artifacts:
             "bfloat16": os.path.join(folder, "exports", "bfloat16", "1"),
             "float16": os.path.join(folder, "exports", "float16", "1"),
             "jax": os.path.join(folder, "exports", "jax", "1"),
+            "multilingual": os.path.join(folder, "exports", "multilingual", "1"),
         }
         self.reversal = os.path.join(folder, "reversal")
 
@@ -125,21 +135,30 @@ def _make(folder):
     this = [sys.executable, os.path.abspath(__file__)]
     running = [
         _start(folder, "tensorflow", [*train, *TINY, "--run-dir", artifacts.tf_run, *EVALUATION]),
-        _start(folder, "jax", [*train, *MECHANICS, "--run-dir", artifacts.jax_run, "--backend", "jax", "--no-evaluate"]),
+        _start(folder, "multilingual", [*train, *TINY, "--run-dir", artifacts.multilingual_run, *MULTILINGUAL]),
+        _start(folder, "jax", [*train, *MECHANICS, *TWO_TARGETS, "--run-dir", artifacts.jax_run, "--backend", "jax",
+                               "--no-evaluate"]),  # fmt: skip
         _start(folder, "reversal", [*this, "reversal", artifacts.reversal]),
     ]
-    # Each next part starts once what it reads is made: the JAX run and the reversal model come
-    # first (about half the TensorFlow run's time), the TensorFlow run's exports last.
-    _wait(running[1], running)
-    running.append(_start(folder, "jax-export", [sys.executable, "-m", "export", "--run-dir", artifacts.jax_run, "--out",
-                                                 os.path.dirname(artifacts.exports["jax"])], backend="jax"))  # fmt: skip
-    _wait(running[2], running)
+    # Each next part starts once what it reads is made: the JAX run and the reversal model first
+    # (about half the TensorFlow runs' time), the exports last.
+    tensorflow, multilingual, jax, reversal = running
     worker = os.path.join(ROOT, "tests", "backend_worker.py")
-    running.append(_start(folder, "jax-decode", [sys.executable, worker, "decode", os.path.join(artifacts.reversal, "model.weights.h5"),
-                                                 os.path.join(artifacts.reversal, "sources.npy")], backend="jax"))  # fmt: skip
-    _wait(running[0], running)
-    running += [_start(folder, "float32-exports", [*this, "exports", folder, "float32"]),
-                _start(folder, "reduced-exports", [*this, "exports", folder, "bfloat16", "float16"])]  # fmt: skip
+    then = {
+        jax: [("jax-export", [sys.executable, "-m", "export", "--run-dir", artifacts.jax_run, "--out",
+                              os.path.dirname(artifacts.exports["jax"])], "jax")],
+        reversal: [("jax-decode", [sys.executable, worker, "decode", os.path.join(artifacts.reversal, "model.weights.h5"),
+                                   os.path.join(artifacts.reversal, "sources.npy")], "jax")],
+        tensorflow: [("float32-exports", [*this, "exports", folder, "float32"], "tensorflow"),
+                     ("reduced-exports", [*this, "exports", folder, "bfloat16", "float16"], "tensorflow")],
+        multilingual: [("multilingual-export", [sys.executable, "-m", "export", "--run-dir", artifacts.multilingual_run,
+                                                "--out", os.path.dirname(artifacts.exports["multilingual"])], "tensorflow")],
+    }  # fmt: skip
+    while then:
+        for process in [process for process in then if process.poll() is not None]:
+            _wait(process, running)  # raises with its output if it failed
+            running += [_start(folder, *part) for part in then.pop(process)]
+        time.sleep(0.1)
     for process in running:
         _wait(process, running)
     with open(os.path.join(folder, "complete"), "w") as f:  # how long each part ran, for whoever makes them faster

@@ -13,6 +13,7 @@ from conftest import loaded_export
 from export import ctranslate2 as conversion
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
+from training.languages import tagged
 from training.run_folder import RunFolder
 
 SENTENCES = 200
@@ -80,15 +81,16 @@ def test_the_conversion_translates_as_the_saved_model_greedy_token_for_token_and
 
 @pytest.mark.slow
 def test_a_deep_encoder_and_a_shallow_decoder_convert_with_their_own_depths(artifacts, tmp_path):
-    """The suite's JAX run (3 encoder layers, 1 decoder layer): CTranslate2's greedy search gives
-    the library's."""
+    """The suite's JAX run (3 encoder layers, 1 decoder layer, two target languages): CTranslate2's
+    greedy search gives the library's, for each language its tag asks for."""
     _needs_ctranslate2()
     run = RunFolder(artifacts.jax_run)
     model, _ = run.load_model()
     out = conversion.export(artifacts.jax_run, str(tmp_path / "ct2"))
-    sources = [source for source, _ in run.load_corpus().text_pairs("test", 20)]
     translate = make_translator(model, run.load_tokenizer(), DecodingSettings(beam_size=1), jit_compile=False)
-    assert _ctranslate2(out, sources, 1) == translate(sources)[0]
+    for language in ("de", "qaa"):
+        sources = [tagged(source, language) for source, _ in run.load_corpus().text_pairs("test", 20)]
+        assert _ctranslate2(out, sources, 1) == translate(sources)[0]
 
 
 def test_bad_input_is_named_and_a_missing_ctranslate2_says_how_to_install_it(tmp_path, capsys, monkeypatch):

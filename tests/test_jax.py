@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from artifacts import TWO_TARGETS
 from training.recipes import MECHANICS
 from conftest import (ACCUMULATION_CONFIG, CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT, WORKER, accumulation_batches,
                       assert_accumulation_is_exact, run_under)
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.search import DecodingSettings
 from training.evaluate import make_translator
+from training.languages import tagged
 from training.run_folder import RunFolder
 
 # Every test here reads what JAX processes computed: slow. (tests/test_search.py compares the
@@ -142,11 +144,11 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
                                                          str(folder / f"accumulate-{batches}-{updates}-{devices}"), "float32",
                                                          str(devices), "2" if batches == "a+b" else "1", "sgd"]
            for batches, updates, devices in ACCUMULATION_RUNS},
-        "crash": ["crash-mid-save", crashed, *MECHANICS, "--no-evaluate"],
-        "resume": ["train", "--run-dir", crashed, *MECHANICS, "--no-evaluate"],
+        "crash": ["crash-mid-save", crashed, *MECHANICS, *TWO_TARGETS, "--no-evaluate"],  # the suite's JAX run's flags
+        "resume": ["train", "--run-dir", crashed, *MECHANICS, *TWO_TARGETS, "--no-evaluate"],
         "evaluate": ["evaluate", "--run-dir", str(shared), "--split", "test", "--limit", "8"],
-        "remote": ["remote", "ram://runs/jax", str(folder / "remote.weights.h5"), *MECHANICS, "--checkpoint-every", "4",
-                   "--no-evaluate"],
+        "remote": ["remote", "ram://runs/jax", str(folder / "remote.weights.h5"), *MECHANICS, *TWO_TARGETS,
+                   "--checkpoint-every", "4", "--no-evaluate"],  # the suite's JAX run, resumed on the way
         "clocked": ["clocked", str(folder / "clocked"), *CLOCKED],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],
         "tuned": ["train", "--run-dir", str(folder / "tuned"), *MECHANICS, "--steps", "4", "--checkpoint-every", "2",
@@ -260,10 +262,11 @@ def test_the_commands_of_a_tensorflow_run_evaluate_and_export_a_jax_run(under_ja
     model, _ = run.load_model()
     assert (len(model.encoder.layers), len(model.decoder.layers)) == (3, 1)
     sentences = [source for source, _ in run.load_corpus().text_pairs("test", 8)]
-    translations, _ = make_translator(model, run.load_tokenizer(), DecodingSettings(), jit_compile=False)(sentences)
+    translate = make_translator(model, run.load_tokenizer(), DecodingSettings(), jit_compile=False)
     loaded = tf.saved_model.load(artifacts.exports["jax"])
-    served = loaded.translate(tf.constant(sentences))["translation"].numpy()
-    assert [t.decode() for t in served] == translations
+    for language in ("de", "qaa"):  # of its two
+        served = loaded.translate(tf.constant(sentences), target_language=tf.constant([language]))["translation"].numpy()
+        assert [t.decode() for t in served] == translate([tagged(sentence, language) for sentence in sentences])[0]
 
 
 def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_and_averages(under_jax, artifacts):

@@ -235,7 +235,7 @@ def test_a_phrase_longer_than_any_output_costs_nothing_and_changes_nothing(serve
     from export.serving import Translator
 
     model, tokenizer = library
-    translator = Translator(model, tokenizer)
+    translator = Translator(model, tokenizer, languages={"de": ""})
     phrases = tf.constant([["Hund " * 2000, "Hund"], ["rote", ""]])
     pieces = translator._pieces_of_phrases(phrases).numpy()  # [2, 2, pieces]
     assert pieces.shape[2] <= translator.longest_output and not pieces[0, 0].any()

@@ -16,11 +16,15 @@ def test_every_signature_declares_its_inputs_as_rows_of_the_one_table():
     assert len(set(names)) == len(names)
     for signature in SIGNATURES:
         assert all(INPUT[row.name] is row for row in signature.inputs), signature.name
-        with_option = [row.option is not None for row in signature.inputs]
-        assert with_option == sorted(with_option), f"{signature.name}: the inputs with a default come last"
-    assert [row.name for row in SIGNATURE["options"].inputs] == ["text", *(option.name for option in OPTIONS)]
-    assert [row.name for row in SIGNATURE["sample"].inputs] == ["text", "samples", "temperature", "top_k", "top_p", "seed"]
-    assert SIGNATURE["score"].inputs[2] is INPUT["alpha"] and INPUT["alpha"].option is OPTIONS[1]
+        with_default = [row.has_default for row in signature.inputs]
+        assert with_default == sorted(with_default), f"{signature.name}: the inputs with a default come last"
+        assert signature.inputs[0] is INPUT["text"] and INPUT["target_language"] in signature.inputs  # every text's
+        assert signature.served_inputs(["de", "fr"]) == signature.inputs  # in an export of several languages only
+        assert signature.served_inputs(["de"]) == tuple(row for row in signature.inputs if row.name != "target_language")
+    assert [row.name for row in SIGNATURE["options"].inputs] == ["text", "target_language", *(o.name for o in OPTIONS)]
+    assert [row.name for row in SIGNATURE["sample"].inputs] == ["text", "samples", "temperature", "top_k", "top_p", "seed",
+                                                                "target_language"]  # fmt: skip
+    assert SIGNATURE["score"].inputs[3] is INPUT["alpha"] and INPUT["alpha"].option is OPTIONS[1]
 
 
 def test_every_float_input_refuses_inf_and_nan_by_name():
@@ -38,7 +42,7 @@ def test_each_warmup_request_is_valid_by_its_rows_in_an_export_of_that_beam(beam
     text = np.array([b"a b", b"c"], object)
     settings = DecodingSettings(beam_size=beam_size)
     for signature in SIGNATURES:
-        request = signature.warmup(text, settings)
+        request = signature.warmup(text, settings, ["de", "fr"])
         assert list(request) == [row.name for row in signature.inputs]
         for row in signature.inputs:
             value = request[row.name]
@@ -47,7 +51,9 @@ def test_each_warmup_request_is_valid_by_its_rows_in_an_export_of_that_beam(beam
                 assert np.all(row.check(value)), (signature.name, row.name, value)
             if row.bound:
                 assert np.all(value <= getattr(settings, row.bound)), (signature.name, row.name)
-    assert np.all(SIGNATURE["options"].warmup(text, settings)["beam_size"] == min(2, beam_size))
+    assert np.all(SIGNATURE["options"].warmup(text, settings, ["de"])["beam_size"] == min(2, beam_size))
+    assert SIGNATURE["score"].warmup(np.array([b"a"] * 3, object), settings, ["de", "fr"])["target_language"].tolist() == [
+        b"de", b"fr", b"de"]  # each served language, in turn  # fmt: skip
 
 
 def test_a_bounded_input_names_the_exports_bound():

@@ -1,11 +1,14 @@
 """Parallel text from three sources behind one interface, and length-bucketed training batches.
 
 Sources (`--dataset`):
-    synthetic              the corpus training/synthetic.py generates (English -> German)
-    tfds:NAME              a TFDS translation dataset, e.g. tfds:wmt14_translate/de-en
+    synthetic              the corpus training/synthetic.py generates (English -> German, and
+                           English -> qaa for tests of several target languages)
+    tfds:NAME              a TFDS translation dataset, e.g. tfds:wmt14_translate/de-en; without
+                           a config (tfds:wmt14_translate), the config of the two languages
     DIR                    a folder of text files, one sentence per line: train.SRC / train.TGT,
                            and the dev and test splits under the names of --dev-split and
-                           --test-split (Multi30k: val, test2016)
+                           --test-split (Multi30k: val, test2016); in DIR/SRC-TGT/ if there is
+                           such a folder (a run of several pairs from several corpora)
 
 Every source gives its dev and test splits as lists or `tf.data.Dataset`s of (source, target)
 strings, and its training split as shards (`training/shards.py`), streamed, never whole in memory.
@@ -80,14 +83,17 @@ class Corpus:
 def load_corpus(dataset, source_lang=None, target_lang=None, dev_split="dev", test_split="test", data_dir=None, seed=0):
     """The `--dataset` named by a command line: synthetic, tfds:NAME, or a folder of text files."""
     if dataset == "synthetic":
-        if (source_lang, target_lang) not in ((None, None), ("en", "de")):
-            raise ValueError(f"--dataset synthetic is English -> German; got --source-lang {source_lang} "
-                             f"--target-lang {target_lang}.")  # fmt: skip
-        return Corpus("synthetic", "en", "de", pairs=synthetic.generate_splits(seed))
+        if source_lang not in (None, "en") or target_lang not in (None, *synthetic.TARGETS):
+            raise ValueError(f"--dataset synthetic is English -> {' or '.join(synthetic.TARGETS)}; got --source-lang "
+                             f"{source_lang} --target-lang {target_lang}.")  # fmt: skip
+        target_lang = target_lang or "de"
+        return Corpus("synthetic", "en", target_lang, pairs=synthetic.generate_splits(seed, target=target_lang))
     if dataset.startswith("tfds:"):
         return tfds_corpus(dataset[len("tfds:") :], source_lang, target_lang, data_dir)
     if os.path.isdir(dataset):
-        return text_file_corpus(dataset, source_lang, target_lang, {"dev": dev_split, "test": test_split})
+        of_pair = os.path.join(dataset, f"{source_lang}-{target_lang}")
+        folder = of_pair if os.path.isdir(of_pair) else dataset
+        return text_file_corpus(folder, source_lang, target_lang, {"dev": dev_split, "test": test_split})
     raise ValueError(
         f"Unknown --dataset {dataset!r}: use 'synthetic', 'tfds:NAME' (a TFDS translation dataset) "
         "or a folder of text files."
@@ -96,10 +102,15 @@ def load_corpus(dataset, source_lang=None, target_lang=None, dev_split="dev", te
 
 def tfds_corpus(name, source_lang=None, target_lang=None, data_dir=None):
     """A TFDS translation dataset. The direction defaults to the dataset's supervised keys
-    (input -> target); --source-lang / --target-lang choose it by feature name."""
+    (input -> target); --source-lang / --target-lang choose it by feature name, and the config
+    of a NAME given without one (wmt14_translate: de-en for en -> de, where it has one)."""
     import tensorflow_datasets as tfds
 
     try:
+        if "/" not in name and source_lang and target_lang:
+            configs = [config.name for config in getattr(tfds.builder_cls(name), "BUILDER_CONFIGS", ())]
+            name = next((f"{name}/{c}" for c in (f"{source_lang}-{target_lang}", f"{target_lang}-{source_lang}")
+                         if c in configs), name)  # fmt: skip
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as error:
         raise ValueError(f"--dataset tfds:{name}: no such TFDS dataset ({error}).") from None

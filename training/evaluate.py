@@ -3,7 +3,9 @@ with sacreBLEU (cased BLEU, chrF and lowercased BLEU on detokenized text, with t
 and for a German target with the paper's tokenized BLEU (`bleu_paper`, training/paper_bleu.py).
 
 Writes the figures into `DIR/metrics.json` (the test split's as they are, the dev split's with a
-`dev_` prefix) and the translations into `DIR/translations.<split>.txt`.
+`dev_` prefix) and the translations into `DIR/translations.<split>.txt`. A run of several pairs
+is evaluated on each (or on one, `--pair`): each pair's figures in `pairs`, their mean beside
+them, each pair's translations in `DIR/translations.<split>.<pair>.txt`.
 """
 
 import argparse
@@ -24,7 +26,7 @@ from keras_transformer import PAD_ID  # noqa: E402
 from keras_transformer.search import DecodingSettings, Execution, decode  # noqa: E402
 from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from keras_transformer.search.loop import graph_function  # noqa: E402
-from training import paper_bleu, run_folder  # noqa: E402
+from training import languages, paper_bleu, run_folder  # noqa: E402
 from training.data import bucket_lengths  # noqa: E402
 
 
@@ -111,14 +113,19 @@ def score(translations, references, target_lang=None):
     return metrics
 
 
-def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, limit=None, output_path=None, jit_compile=True):
-    """Translates `split` of `corpus` with `settings` and scores it; returns the metrics dict."""
+def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, limit=None, output_path=None, jit_compile=True,
+             target_language=None, translate=None):  # fmt: skip
+    """Translates `split` of `corpus` with `settings` and scores it; returns the metrics dict.
+    With `target_language`, each source asks for it with its tag (training/languages.py);
+    `translate` is a `make_translator` of the same model and settings to reuse."""
     pairs = corpus.text_pairs(split, limit)
     if not pairs:
         raise ValueError(f"The {split} split of {corpus.name} is empty: nothing to evaluate.")
     sources, references = zip(*pairs)
+    if target_language:
+        sources = [languages.tagged(source, target_language) for source in sources]
     start = time.perf_counter()
-    translate = make_translator(model, tokenizer, settings, jit_compile=jit_compile)
+    translate = translate or make_translator(model, tokenizer, settings, jit_compile=jit_compile)
     translations, _ = translate(list(sources))
     metrics = {
         **score(translations, list(references), corpus.target_lang),
@@ -134,6 +141,34 @@ def evaluate(model, tokenizer, corpus, split, settings=DecodingSettings(), *, li
     return metrics
 
 
+def evaluate_pairs(model, tokenizer, corpora, split, settings=DecodingSettings(), *, tagged=False, limit=None,
+                   output_paths=None, jit_compile=True):  # fmt: skip
+    """`evaluate` on the `split` of each of `corpora` ({(source, target): Corpus}), each source
+    tagged with its target language if `tagged`, into `output_paths[pair]` (if given).
+
+    One pair gives its metrics. Several give `{"pairs": {"en-de": its metrics, ...}}` beside the
+    mean of each score over the pairs (`bleu`, `chrf`, ...: what model selection compares), the
+    sentences and seconds of all, and the signatures (the same for every pair)."""
+    translate = make_translator(model, tokenizer, settings, jit_compile=jit_compile)
+    per_pair = {
+        languages.pair_name(pair): evaluate(model, tokenizer, corpus, split, settings, limit=limit, translate=translate,
+                                            output_path=(output_paths or {}).get(pair),
+                                            target_language=pair[1] if tagged else None)
+        for pair, corpus in corpora.items()
+    }  # fmt: skip
+    if len(per_pair) == 1:
+        return next(iter(per_pair.values()))
+    first = next(iter(per_pair.values()))
+    shared = [key for key in first if all(key in metrics for metrics in per_pair.values())]
+    metrics = {key: first[key] for key in shared if "signature" in key or key in ("split", "beam_size", "alpha")}
+    for key in ("bleu", "chrf", "bleu_lowercase", "bleu_paper"):
+        if key in shared:
+            metrics[key] = round(float(np.mean([pair[key] for pair in per_pair.values()])), 2)
+    for key in ("sentences", "decode_seconds"):
+        metrics[key] = round(sum(pair[key] for pair in per_pair.values()), 1)
+    return {**metrics, "pairs": per_pair}
+
+
 def prefixed(metrics, split):
     """`metrics` of `split` with keys named for it (`dev_bleu`, ...), to sit beside the test
     split's in `metrics.json`."""
@@ -144,6 +179,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--split", default="test", choices=["dev", "test"])
+    parser.add_argument("--pair", help="of a run of several pairs, evaluate only this one (SRC-TGT; default: every pair)")
     parser.add_argument("--checkpoint", help="latest, a step, averaged, or a checkpoint's path (default: the averaged one "
                         "while it is the newest, else the latest)")
     add_decoding_flags(parser)
@@ -155,21 +191,32 @@ def main(argv=None):
     run = run_folder.RunFolder(args.run_dir)
     try:
         model, checkpoint_path = run.load_model(args.checkpoint)
-        corpus, tokenizer = run.load_corpus(), run.load_tokenizer()
-        metrics = evaluate(
+        corpora, tokenizer = run.load_corpora(), run.load_tokenizer()
+        several = len(corpora) > 1
+        if args.pair:
+            pair = languages.parse_pairs(args.pair, "--pair")[0]
+            if pair not in corpora:
+                raise ValueError(f"--pair {args.pair}: {run.path} was trained on {', '.join(map(languages.pair_name, corpora))}.")
+            corpora = {pair: corpora[pair]}
+        metrics = evaluate_pairs(
             model,
             tokenizer,
-            corpus,
+            corpora,
             args.split,
             decoding_settings(args, tokenizer),
+            tagged=bool(languages.languages(tokenizer)),
             limit=args.limit,
-            output_path=run.translations_path(args.split),
+            output_paths={pair: run.translations_path(args.split, pair) for pair in corpora},
             jit_compile=not args.no_xla,
         )
     except ValueError as error:
         sys.exit(f"error: {error}")
     metrics["checkpoint"] = checkpoint_path
-    run.update_metrics(metrics if args.split == "test" else prefixed(metrics, "dev"))
+    record = metrics if args.split == "test" else prefixed(metrics, "dev")
+    if args.pair and several:  # one pair's figures, beside the others' (the mean is of an evaluation of all)
+        key = "pairs" if args.split == "test" else "dev_pairs"
+        record = {key: {**run.metrics().get(key, {}), languages.pair_name(pair): metrics}}
+    run.update_metrics(record)
     print(json.dumps(metrics, indent=2))
 
 

@@ -90,7 +90,12 @@ FLAGS = (
     # The data.
     Flag("dataset", default="synthetic", help="synthetic, tfds:NAME, or a folder of text files", resume=REFUSED),
     Flag("source_lang", help="source language (file suffix, or TFDS feature name)", resume=REFUSED),
-    Flag("target_lang", help="target language", resume=REFUSED),
+    Flag("target_lang", help="target language; several, comma-separated (de,fr,cs), for one model that writes "
+         "each (training/languages.py)", resume=REFUSED),  # fmt: skip
+    Flag("pairs", help="the directions of one model, SRC-TGT,... (en-de,de-en,en-fr), instead of --source-lang and "
+         "--target-lang; each source starts with its target language's tag", resume=REFUSED),  # fmt: skip
+    Flag("pair_temperature", float, 1.0, "how the pairs of several are mixed: 1 as their sizes are, larger evens them "
+         "out (each pair's share of the data to the power 1/T)", POSITIVE, REFUSED, recorded=1.0),  # fmt: skip
     Flag("dev_split", default="dev", help="file prefix of the dev split of a folder (Multi30k: val)", resume=REFUSED),
     Flag("test_split", default="test", help="file prefix of the test split of a folder (Multi30k: test2016)",
          resume=REFUSED),  # fmt: skip

@@ -8,7 +8,8 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
                              flags and Keras backend (training/flags.py)
     DIR/tokenizer.model      the SentencePiece model
     DIR/data/text/           a folder's training files cut into shards, and the tokenizer's
-                             sample (training/cut.py; TFDS and synthetic corpora need none)
+                             sample (training/cut.py; TFDS and synthetic corpora need none);
+                             for a run of several pairs, in data/text/SRC-TGT/, one for each
     DIR/data/tokenized-HASH/ the training split tokenized by the tokenizer of that hash, one
                              TFRecord file per shard, written while the first epoch trains
     DIR/checkpoints/         model, optimizer, step and data position: tf.train.Checkpoint files
@@ -26,9 +27,11 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
     DIR/metrics.json         what each command measured, each update kept beside the earlier
                              ones: test BLEU, chrF, sacreBLEU signatures, steps, train_seconds
                              (training.train), dev_* (training.evaluate --split dev), the
-                             checkpoints averaged (training.average_checkpoints)
+                             checkpoints averaged (training.average_checkpoints); for a run
+                             of several pairs, each pair's in `pairs` and the mean beside them
     DIR/translations.SPLIT.txt   the last translations of SPLIT (test or dev), one a line
-                             (training.train's test evaluation, training.evaluate)
+                             (training.train's test evaluation, training.evaluate); of each
+                             pair of several in translations.SPLIT.SRC-TGT.txt
     DIR/learning_curve.png   loss and dev BLEU against training minutes (training.learning_curve)
 
 A checkpoint's file or folder is named `checkpoint_name(step)`; `step_of` reads the step back.
@@ -48,7 +51,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from training import data, files, flags
+from training import files, flags, languages
 from training.tokenizer import Tokenizer
 
 
@@ -70,8 +73,10 @@ class RunFolder:
         self.shortlist_path = os.path.join(path, "shortlist.txt")
         self.shortlist_record_path = os.path.join(path, "shortlist.json")
 
-    def translations_path(self, split):
-        return os.path.join(self.path, f"translations.{split}.txt")
+    def translations_path(self, split, pair=None):
+        """The translations of `split` (of `pair`, in a run of several)."""
+        several = pair is not None and len(self.pairs()) > 1
+        return os.path.join(self.path, f"translations.{split}{'.' + languages.pair_name(pair) if several else ''}.txt")
 
     def _read_json(self, path):
         if not tf.io.gfile.exists(path):
@@ -103,7 +108,9 @@ class RunFolder:
     def settings(self):
         """The last segment's settings, with `flags.resumed()`'s values for those it did not record."""
         defaults = {name: default for name, (_, default) in flags.resumed().items() if default is not None}
-        return {**defaults, **self.segments()[-1]["settings"]}
+        settings = {**defaults, **self.segments()[-1]["settings"]}
+        settings.setdefault("pairs", f"{settings['source_lang']}-{settings['target_lang']}")  # recorded since it exists
+        return settings
 
     def check_resume(self, config, settings):
         """For a run about to train here with `config` and `settings`: nothing for a new run
@@ -151,17 +158,28 @@ class RunFolder:
             raise ValueError(f"{self.tokenizer_path} does not exist: is {self.path} a run folder of training.train?")
         return Tokenizer.load(self.tokenizer_path)
 
-    def load_corpus(self):
+    def pairs(self):
+        """The run's directions, ((source, target), ...): its first, the default, and the others."""
+        return languages.parse_pairs(self.settings()["pairs"])
+
+    def targets(self):
+        """{target language: the text in front of a source that asks for it} of the run's pairs, in
+        their order: its tag and a space where the vocabulary has tags (training/languages.py),
+        else "" (a run of one pair)."""
+        tagged = bool(languages.languages(self.load_tokenizer()))
+        return {target: languages.tagged("", target) if tagged else "" for _, target in self.pairs()}
+
+    def load_corpora(self):
+        """{(source, target): data.Corpus} of the run's pairs."""
         settings = self.settings()
-        return data.load_corpus(
-            settings["dataset"],
-            settings["source_lang"],
-            settings["target_lang"],
-            dev_split=settings["dev_split"],
-            test_split=settings["test_split"],
-            data_dir=settings.get("data_dir"),
-            seed=settings["seed"],
-        )
+        return languages.load_corpora(settings["dataset"], pairs=self.pairs(), dev_split=settings["dev_split"],
+                                      test_split=settings["test_split"], data_dir=settings.get("data_dir"),
+                                      seed=settings["seed"])  # fmt: skip
+
+    def load_corpus(self):
+        """The corpus of the run's first pair (of its only one, for most runs): its sources are
+        untagged, as `languages.tagged` leaves them."""
+        return next(iter(self.load_corpora().values()))
 
     def checkpoints(self):
         """The training checkpoints as [(step, path)], oldest first, in either backend's format."""

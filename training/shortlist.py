@@ -34,6 +34,7 @@ quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer.common import EOS_ID  # noqa: E402
+from training import languages  # noqa: E402
 from training.progress import Progress  # noqa: E402
 
 CANDIDATES = 20  # target pieces kept for each source piece
@@ -106,7 +107,8 @@ def learn(run_dir, candidates=CANDIDATES, always=ALWAYS, sample=SAMPLE, iteratio
     start = time.monotonic()
     run = RunFolder(run_dir)
     settings = run.settings()
-    text = run.load_corpus().training_split(run.text_dir, sample, settings["seed"])
+    text = languages.training_split(run.load_corpora(), run.text_dir, tagged=bool(languages.languages(run.load_tokenizer())),
+                                    temperature=settings["pair_temperature"], sample_size=sample, seed=settings["seed"])  # fmt: skip
     pairs = text.sample()
     if len(pairs) > sample:
         pairs = random.Random(settings["seed"]).sample(pairs, sample)

@@ -8,6 +8,8 @@ gender, number and case (nominative subject, accusative object, dative after "he
 reach a BLEU near 100; copying the source scores near 0.
 
 The pairs are a deterministic function of the seed; the splits hold distinct English sentences.
+For tests of one model that writes several languages, `TARGETS` adds a second target language
+made from the German: no real language, under ISO 639-2's code for local use.
 """
 
 import random
@@ -153,13 +155,19 @@ def _sentence(words):
     return text[0].upper() + text[1:] + "."
 
 
-def generate_splits(seed=0, train=20000, dev=500, test=1000):
-    """Deterministic, disjoint splits: {"train": [(en, de), ...], "dev": [...], "test": [...]}."""
-    rng = random.Random(seed)
+# The target languages of the corpus: German, and "qaa", the German in capital letters (other
+# pieces of the shared vocabulary, and a translation that shows which language was asked for).
+TARGETS = {"de": lambda german: german, "qaa": str.upper}
+
+
+def generate_splits(seed=0, train=20000, dev=500, test=1000, target="de"):
+    """Deterministic, disjoint splits: {"train": [(en, de), ...], "dev": [...], "test": [...]};
+    the English sentences are the same for each of `TARGETS`."""
+    rng, write = random.Random(seed), TARGETS[target]
     seen, pairs = set(), []
     while len(pairs) < train + dev + test:
-        pair = sentence_pair(rng)
-        if pair[0] not in seen:
-            seen.add(pair[0])
-            pairs.append(pair)
+        english, german = sentence_pair(rng)
+        if english not in seen:
+            seen.add(english)
+            pairs.append((english, write(german)))
     return {"test": pairs[:test], "dev": pairs[test : test + dev], "train": pairs[test + dev :]}

@@ -14,6 +14,8 @@ is the same as KERAS_BACKEND=jax; the flags, the run folder and the outputs are 
     python -m training.train --backend jax --strategy tpu --processes auto --run-dir DIR ...  # on every host
     python -m training.train --run-dir runs/multi30k --dataset ../shared/data/multi30k \\
         --source-lang en --target-lang de --dev-split val --test-split test2016
+    python -m training.train --run-dir runs/en-x --dataset ../shared/data/multi30k \\
+        --source-lang en --target-lang de,fr,cs ...  # one model, three directions (training/languages.py)
 """
 
 import argparse
@@ -30,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
-from training import backends, data, evaluate, files, supervisor  # noqa: E402
+from training import backends, data, evaluate, files, languages, supervisor  # noqa: E402
 from training.flags import MODEL_FIELDS, add_flags, apply_preset_and_check  # noqa: E402
 from training.run_folder import RunFolder, load_weights, step_of  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
@@ -63,10 +65,10 @@ def parse_args(argv=None):
     return args
 
 
-def get_tokenizer(run, text, vocab_size, is_chief):
+def get_tokenizer(run, text, vocab_size, is_chief, symbols=()):
     """The run's tokenizer: loaded if the run folder has one, else trained on the sample of the
-    training split that `text` (`shards.TextShards`) drew (by the chief, which the other
-    processes wait for)."""
+    training split that `text` (`shards.TextShards`) drew, with `symbols` (the tags of several
+    target languages) one piece each (by the chief, which the other processes wait for)."""
     if not is_chief:
         files.wait_for(run.tokenizer_path, "process 0 to train the tokenizer")
     if not tf.io.gfile.exists(run.tokenizer_path):
@@ -74,7 +76,7 @@ def get_tokenizer(run, text, vocab_size, is_chief):
         pairs = text.sample()
         print(f"Training a SentencePiece tokenizer ({vocab_size:,} pieces at most) on {len(pairs):,} pairs sampled "
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
-        tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size))
+        tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size, symbols=symbols))
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
         _write_tokenizer(run, tokenizer)
         return tokenizer
@@ -88,17 +90,19 @@ def _write_tokenizer(run, tokenizer):
     tf.io.gfile.rename(files.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
 
 
-def initial_checkpoint(spec, run, is_chief):
-    """`--init-from RUN[:CHECKPOINT]`: the origin a new run records (the source run, its
-    checkpoint's path and step, the source's metrics of that checkpoint); the source's tokenizer
-    copied into `run` by the chief. A run folder whose tokenizer differs from the source's is
-    refused (ValueError)."""
+def initial_checkpoint(spec, run, is_chief, pairs):
+    """`--init-from RUN[:CHECKPOINT]`: the origin a new run of `pairs` records (the source run,
+    its checkpoint's path and step, the source's metrics of that checkpoint); the source's
+    tokenizer copied into `run` by the chief. A run folder whose tokenizer differs from the
+    source's is refused (ValueError), and so is a target language the source's vocabulary has no
+    tag for, before anything is written."""
     path, _, name = spec.rpartition(":")
     if not path or not (name.isdigit() or name in ("latest", "averaged", "best")):  # a path with a colon (gs://...)
         path, name = spec, "latest"
     source = RunFolder(path)
     checkpoint = source.checkpoint(name)
     tokenizer = source.load_tokenizer()
+    languages.tagging(pairs, tokenizer, source.tokenizer_path)
     if tf.io.gfile.exists(run.tokenizer_path):
         if Tokenizer.load(run.tokenizer_path).model_proto != tokenizer.model_proto:
             raise ValueError(f"--init-from {spec}: {run.tokenizer_path} is not the tokenizer of {path}; use a new --run-dir.")
@@ -145,18 +149,27 @@ def train(args, strategy=None):
     keras.utils.set_random_seed(args.seed)
 
     run = RunFolder(args.run_dir)
-    corpus = data.load_corpus(args.dataset, args.source_lang, args.target_lang, args.dev_split, args.test_split,
-                              args.data_dir, args.seed)  # fmt: skip
-    text = corpus.training_split(run.text_dir, args.tokenizer_sample, args.seed, cut=backend.is_chief,
-                                 shares=backend.num_processes)  # fmt: skip
-    origin = initial_checkpoint(args.init_from, run, backend.is_chief) if args.init_from else None
-    tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief)
+    corpora = languages.load_corpora(args.dataset, args.source_lang, args.target_lang, args.pairs, dev_split=args.dev_split,
+                                     test_split=args.test_split, data_dir=args.data_dir, seed=args.seed)  # fmt: skip
+    pairs = tuple(corpora)
+    origin = initial_checkpoint(args.init_from, run, backend.is_chief, pairs) if args.init_from else None
+
+    def training_split(tagged):
+        return languages.training_split(corpora, run.text_dir, tagged=tagged, temperature=args.pair_temperature,
+                                        sample_size=args.tokenizer_sample, seed=args.seed, cut=backend.is_chief,
+                                        shares=backend.num_processes)  # fmt: skip
+
+    text = training_split(tagged=len(pairs) > 1)  # a new tokenizer's sample
+    tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief, symbols=languages.tags(pairs))
+    tagged = languages.tagging(pairs, tokenizer, run.tokenizer_path)
+    if tagged and len(pairs) == 1:  # one pair of a run of several (--init-from): its sources tagged as they learned
+        text = training_split(tagged=True)
     overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
     config = TransformerConfig.preset(args.config, tokenizer.vocab_size, **overrides)
     settings = {name: getattr(args, name) for name in vars(args)}
-    settings.update(dataset=args.dataset, source_lang=corpus.source_lang, target_lang=corpus.target_lang,
-                    processes=backend.num_processes)  # fmt: skip
+    settings.update(dataset=args.dataset, source_lang=pairs[0][0], target_lang=pairs[0][1], processes=backend.num_processes,
+                    pairs=",".join(map(languages.pair_name, pairs)))  # fmt: skip
     if origin:
         check_same_model(RunFolder(origin["run"]).config(), config, args.init_from)
         resumed = run.segments()[0]["settings"] if tf.io.gfile.exists(run.settings_path) else {}
@@ -235,7 +248,7 @@ def train(args, strategy=None):
         if step < args.steps and (args.eval_every and step % args.eval_every == 0 or periods > periods_evaluated):
             periods_evaluated, evaluated = periods, step
             backend.sync_model()
-            bleu = _evaluate_dev(backend.model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
+            bleu = _evaluate_dev(backend.model, tokenizer, corpora, tagged, decoding, args.eval_sentences, dev_writer, step, say)
             if selection is not None:
                 _select(selection, run, backend, step, bleu, args.keep_best)
                 if stopped() and not saved:  # the run ends here: its last checkpoint too
@@ -257,15 +270,18 @@ def train(args, strategy=None):
     if not args.no_evaluate:
         if step == evaluated:  # the last step's model was evaluated on the dev split already
             metrics["dev_bleu"] = bleu
-        elif corpus.text_pairs("dev", 1):
-            metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpus, decoding, args.eval_sentences, dev_writer, step, say)
+        elif all(corpus.text_pairs("dev", 1) for corpus in corpora.values()):
+            metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpora, tagged, decoding, args.eval_sentences, dev_writer, step, say)
             if selection is not None and not stopped():  # the last model may be the best
                 _select(selection, run, backend, step, metrics["dev_bleu"], args.keep_best)
-        output_path = run.translations_path("test") if backend.is_chief else None
-        metrics.update(evaluate.evaluate(model, tokenizer, corpus, "test", decoding, output_path=output_path))
+        outputs = {pair: run.translations_path("test", pair) for pair in pairs} if backend.is_chief else None
+        metrics.update(evaluate.evaluate_pairs(model, tokenizer, corpora, "test", decoding, tagged=tagged, output_paths=outputs))
         metrics["checkpoint"] = run.checkpoints()[-1][1]
+        for name, of_pair in metrics.get("pairs", {}).items():
+            say(f"{name}: test BLEU {of_pair['bleu']} (chrF {of_pair['chrf']}) on {of_pair['sentences']} sentences")
+        mean = "Mean test BLEU" if len(pairs) > 1 else "Test BLEU"
         paper = f", the paper's tokenized BLEU {metrics['bleu_paper']}" if "bleu_paper" in metrics else ""
-        say(f"Test BLEU {metrics['bleu']} (chrF {metrics['chrf']}{paper}) on {metrics['sentences']} sentences; {metrics['signature']}")
+        say(f"{mean} {metrics['bleu']} (chrF {metrics['chrf']}{paper}) on {metrics['sentences']} sentences; {metrics['signature']}")
     if not backend.is_chief:
         return model, None
     run.update_metrics(metrics)
@@ -286,12 +302,17 @@ def _periods(seconds, minutes):
     return int(seconds // (60 * minutes)) if minutes else 0
 
 
-def _evaluate_dev(model, tokenizer, corpus, decoding, sentences, writer, step, say=print):
-    metrics = evaluate.evaluate(model, tokenizer, corpus, "dev", decoding, limit=sentences, jit_compile=False)
+def _evaluate_dev(model, tokenizer, corpora, tagged, decoding, sentences, writer, step, say=print):
+    """Dev BLEU on the first `sentences` of each pair's dev split (their mean for several pairs,
+    each also in TensorBoard as bleu/SRC-TGT)."""
+    metrics = evaluate.evaluate_pairs(model, tokenizer, corpora, "dev", decoding, tagged=tagged, limit=sentences, jit_compile=False)
     with writer.as_default(step=step):
-        tf.summary.scalar("bleu", metrics["bleu"])
-        tf.summary.scalar("chrf", metrics["chrf"])
-    say(f"step {step}: dev BLEU {metrics['bleu']} (chrF {metrics['chrf']})")
+        for key in ("bleu", "chrf"):
+            tf.summary.scalar(key, metrics[key])
+            for name, of_pair in metrics.get("pairs", {}).items():
+                tf.summary.scalar(f"{key}/{name}", of_pair[key])
+    each = "".join(f", {name} {of_pair['bleu']}" for name, of_pair in metrics.get("pairs", {}).items())
+    say(f"step {step}: dev BLEU {metrics['bleu']} (chrF {metrics['chrf']}){each}")
     return metrics["bleu"]
 
 
