@@ -45,19 +45,20 @@ def export(scratch, beam_size=4):
     return export_run(run(scratch), os.path.join(scratch, "exports"), DecodingSettings(beam_size=beam_size), version=beam_size)
 
 
-def corpus(scratch, names=("train", "val", "test2016"), seed=0, sizes=(300, 8, 8)):
-    """A folder of synthetic English-German pairs (training/synthetic.py) in text files named
-    NAME.en and NAME.de, for the train, dev and test splits in that order: Multi30k's names by
-    default. Returns the folder."""
+def corpus(scratch, names=("train", "val", "test2016"), seed=0, sizes=(300, 8, 8), targets=("de",)):
+    """A folder of synthetic pairs (training/synthetic.py), English and each of `targets`, in text
+    files named NAME.en, NAME.de, ..., for the train, dev and test splits in that order:
+    Multi30k's names by default. Returns the folder."""
     from training.synthetic import generate_splits
 
-    folder = os.path.join(scratch, f"corpus-{'-'.join(names)}-{seed}")
+    folder = os.path.join(scratch, f"corpus-{'-'.join(names)}-{seed}-{'-'.join(targets)}")
     os.makedirs(folder, exist_ok=True)
-    splits = generate_splits(seed, *sizes)
-    for name, split in zip(names, ("train", "dev", "test")):
-        for side, lang in enumerate(("en", "de")):
-            with open(os.path.join(folder, f"{name}.{lang}"), "w", encoding="utf-8") as f:
-                f.writelines(pair[side] + "\n" for pair in splits[split])
+    for target in targets:
+        splits = generate_splits(seed, *sizes, target=target)
+        for name, split in zip(names, ("train", "dev", "test")):
+            for side, lang in enumerate(("en", target)):
+                with open(os.path.join(folder, f"{name}.{lang}"), "w", encoding="utf-8") as f:
+                    f.writelines(pair[side] + "\n" for pair in splits[split])
     return folder
 
 
@@ -84,6 +85,9 @@ FLAGS = {
                             "--checkpoint-every=2", "--eval-every=2"]],
     "multi30k": lambda s: [[f"--data={corpus(s, ('train', 'val', 'test_2016_flickr'))}", "--config=tiny", *MECHANICS,
                             "--steps=6", "--steps-per-call=2", "--checkpoint-every=2", "--eval-every-minutes=0.001"]],
+    "multilingual": lambda s: [[f"--data={corpus(s, targets=('de', 'qaa'))}", "--targets=de,qaa", "--minutes=1",
+                                "--limit=2", "--batch-sizes=none", "--config=tiny", *MECHANICS, "--steps=2",
+                                "--steps-per-call=2"]],
     "multihost": lambda s: [["--config=smoke", "--vocab-size=100", "--batch=8", "--length=8", "--steps=2", "--rounds=1"]],
     "pipeline": lambda s: [[f"--data={corpus(s)}", "--vocab-size=300", "--batch-tokens=2000", "--batches=5", "--warmup=2"]],
     "real_serving": lambda s: [[f"--run-dir={run(s)}", f"--export={export(s)}", "--limit=8", "--rounds=1",
@@ -93,4 +97,4 @@ FLAGS = {
     "wmt14_recipe": lambda s: [[f"--data={corpus(s, ('train', 'dev', 'test'))}", "--config=tiny", *MECHANICS, "--steps=4",
                                 "--batch-tokens=1024", "--checkpoint-every=4"]],
 }  # fmt: skip
-RUN_FOLDER = {"finetune", "multi30k", "wmt14_recipe"}  # those with --run-dir of their own
+RUN_FOLDER = {"finetune", "multi30k", "multilingual", "wmt14_recipe"}  # those with --run-dir of their own

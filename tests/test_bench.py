@@ -29,6 +29,7 @@ REQUIRED = {
     "bench.wmt14_recipe": {"updates", "accumulate_steps", "seconds_per_update", "checkpoints", "averaged", "bleu", "signature",
                            "bleu_paper", "bleu_paper_signature", "peak_rss_mb"},
     "bench.finetune": {"row", "news_test_bleu", "signature", "news_test_sentences", "train_minutes", "run"},
+    "bench.multilingual": {"model", "budget", "pair", "train_minutes", "bleu", "chrf", "sentences", "signature", "checkpoint"},
     "bench.multi30k": {"bleu", "signature", "chrf", "bleu_lowercase", "bleu_lowercase_signature", "dev_bleu", "dev_chrf",
                        "dev_bleu_lowercase", "dev_bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
 }
@@ -139,6 +140,12 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
         tuned = RunFolder(rows["b_finetuned"]["run"])
         assert tuned.segments()[0]["settings"]["init_from"]["run"] == artifacts.tf_run and tuned.best()["file"]
         assert RunFolder(rows["c_from_scratch"]["run"]).segments()[0]["settings"]["init_from"] is None
+    if module == "bench.multilingual":  # each bilingual model on its pair; the multilingual one on both, at T and 2T
+        # (its served comparison is bench.compare_exports' smoke mode: here --batch-sizes none)
+        rows = [(r["model"], r["budget"], r["pair"]) for r in records if r["benchmark"] == "multilingual"]
+        assert rows == [("bilingual", "T", "en-de"), ("bilingual", "T", "en-qaa"), *(
+            ("multilingual", budget, pair) for budget in ("T", "2T") for pair in ("en-de", "en-qaa"))]  # fmt: skip
+        assert RunFolder(str(runs / "multilingual" / "en-de-qaa")).pairs() == (("en", "de"), ("en", "qaa"))
     if module == "bench.wmt14_recipe":  # 4 updates of 8 batches, averaged, scored both ways
         (record,) = records
         assert (record["updates"], record["accumulate_steps"], record["checkpoints"]) == (4, 8, [4])

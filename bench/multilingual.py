@@ -1,0 +1,99 @@
+"""One model for three languages against three: Multi30k English -> German, French and Czech,
+scored on test2016 with cased sacreBLEU.
+
+    python -m bench.multilingual --data ../shared/data/multi30k --run-dir runs/multilingual --minutes 15
+
+Three bilingual runs of the `multi30k` preset, T minutes each (--minutes), and one run of the same
+preset into all three languages (`--target-lang de,fr,cs`, training/languages.py) for 3T minutes,
+with a checkpoint at every T. Each model is scored on the test split of each of its pairs with
+the paper's decoding (beam 4, alpha 0.6) from its last checkpoint, the multilingual one also from
+its checkpoint at T minutes. Then the served speed: the multilingual export against the English
+-> German one, batch 1 and 32, side by side in a fresh process (bench.compare_exports, on the
+English -> German test sentences; the multilingual export writes its first language, German).
+One JSON line a model and pair, then compare_exports' lines for each batch size. The same
+--run-dir resumes each run where it stopped (a finished one is not trained again). Other flags
+go to training.train, after the recipe's.
+"""
+
+import argparse
+import json
+import os
+
+from bench.common import emit, run_isolated
+from bench.multi30k import test_split
+from training import evaluate, languages, train
+from training.run_folder import RunFolder
+
+TARGETS = ("de", "fr", "cs")
+# The multi30k preset, no XLA (as bench/multi30k.py's recipe), scored below: checkpoints by training
+# time only (--checkpoint-every-minutes), all kept.
+RECIPE = ["--config", "multi30k", "--no-xla", "--source-lang", "en", "--dev-split", "val", "--no-evaluate",
+          "--checkpoint-every", "1000000000", "--keep-checkpoints", "10"]  # fmt: skip
+
+
+def trained(run_dir, data_dir, targets, minutes, checkpoint_minutes, extra_flags):
+    """Trains (or resumes) a run of the recipe into `targets` for `minutes`, a checkpoint every
+    `checkpoint_minutes`; returns its training minutes."""
+    flags = ["--run-dir", run_dir, "--dataset", data_dir, "--test-split", test_split(data_dir), *RECIPE,
+             "--target-lang", ",".join(targets), "--max-minutes", str(minutes),
+             "--checkpoint-every-minutes", str(checkpoint_minutes), *extra_flags]  # fmt: skip
+    _, metrics = train.train(train.parse_args(flags))
+    return round(metrics["train_seconds"] / 60, 1)
+
+
+def scores(run_dir, checkpoint, limit=None):
+    """{pair name: test metrics} of a run's checkpoint (a path), each pair's sources asking for its
+    language where the run writes several (beam 4, alpha 0.6; the first `limit` sentences)."""
+    folder = RunFolder(run_dir)
+    model, _ = folder.load_model(checkpoint)
+    tokenizer, corpora = folder.load_tokenizer(), folder.load_corpora()
+    metrics = evaluate.evaluate_pairs(model, tokenizer, corpora, "test", tagged=bool(languages.languages(tokenizer)),
+                                      limit=limit, jit_compile=limit is None)  # fmt: skip
+    return metrics.get("pairs") or {languages.pair_name(next(iter(corpora))): metrics}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # fmt: skip  (other flags go to training.train whole)
+    parser.add_argument("--data", required=True, help="the Multi30k folder (train, val, test2016 .en .de .fr .cs)")
+    parser.add_argument("--run-dir", default="runs/multilingual", help="where the four runs go")
+    parser.add_argument("--minutes", type=float, default=15, help="T: each bilingual run's training minutes")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="the target languages (default: de,fr,cs)")
+    parser.add_argument("--batch-sizes", default="1,32", help="of the served comparison (none: no comparison)")
+    parser.add_argument("--rounds", type=int, default=3, help="of the served comparison")
+    parser.add_argument("--limit", type=int, help="the first N test sentences of each pair (default: all)")
+    args, extra_flags = parser.parse_known_args(argv)
+    targets = args.targets.split(",")
+    minutes = {}
+    runs = {target: os.path.join(args.run_dir, f"en-{target}") for target in targets}
+    for target, run_dir in runs.items():
+        minutes[run_dir] = trained(run_dir, args.data, [target], args.minutes, args.minutes, extra_flags)
+    together = os.path.join(args.run_dir, "en-" + "-".join(targets))
+    minutes[together] = trained(together, args.data, targets, len(targets) * args.minutes, args.minutes, extra_flags)
+
+    rows = [(run_dir, "bilingual", "T", RunFolder(run_dir).checkpoint("latest"), minutes[run_dir]) for run_dir in runs.values()]
+    checkpoints = [path for _, path in RunFolder(together).checkpoints()]  # the first at T minutes, the last at the end
+    rows += [(together, "multilingual", "T", checkpoints[0], args.minutes),
+             (together, "multilingual", f"{len(targets)}T", checkpoints[-1], minutes[together])]  # fmt: skip
+    for run_dir, model, budget, checkpoint, trained_minutes in rows:
+        for pair, metrics in scores(run_dir, checkpoint, args.limit).items():
+            emit({"benchmark": "multilingual", "model": model, "budget": budget, "pair": pair, "train_minutes": trained_minutes,
+                  "bleu": metrics["bleu"], "chrf": metrics["chrf"], "sentences": metrics["sentences"],
+                  "signature": metrics["signature"], "checkpoint": checkpoint})  # fmt: skip
+
+    if args.batch_sizes == "none":
+        return
+    from export.saved_model import export
+
+    first = runs[targets[0]]
+    exported = [export(run_dir, os.path.join(run_dir, "export")) for run_dir in (first, together)]
+    sentences = os.path.join(args.run_dir, "served.jsonl")  # the first pair's test sentences, with references
+    with open(sentences, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(pair, ensure_ascii=False) + "\n" for pair in RunFolder(first).load_corpus().text_pairs("test"))
+    for batch in args.batch_sizes.split(","):
+        run_isolated("bench.compare_exports", [*exported, f"--sentences={sentences}", f"--batch={batch}",
+                                               f"--rounds={args.rounds}"])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
