@@ -195,7 +195,7 @@ class Translator(tf.Module):
         """Assertions that `value` is valid for the input `row`, whose InvalidArgument names it
         (and for `target_language`, the unknown languages and the served ones)."""
         if row.name == "target_language":
-            known = tf.reduce_any(tf.equal(value[:, None], tf.constant(list(self.languages))[None, :]), axis=1)
+            known = tf.reduce_any(self._asks_for(value), axis=1)
             message = f"target_language must be one of the served languages {', '.join(self.languages)}; unknown:"
             return [tf.debugging.Assert(tf.reduce_all(known), [message, tf.boolean_mask(value, ~known)])]
         if row.check is None:
@@ -245,9 +245,13 @@ class Translator(tf.Module):
             if not prefixes:
                 return self._ids(text, max_length)
         else:
-            served = tf.equal(target_language[:, None], tf.constant(list(self.languages))[None, :])  # [batch, languages]
-            prefixes = tf.gather(tf.constant(list(self.languages.values())), tf.argmax(tf.cast(served, tf.int32), axis=1))
-        return self._ids(tf.strings.join([prefixes, _clean(text)]), max_length)
+            asked = tf.argmax(tf.cast(self._asks_for(target_language), tf.int32), axis=1)
+            prefixes = tf.gather(tf.constant(list(self.languages.values())), asked)
+        return self._ids(tf.strings.join([prefixes, text]), max_length)  # cleaned there, the ASCII tags too
+
+    def _asks_for(self, target_language):
+        """`[batch]` languages -> bool `[batch, languages]`: which of the export's each one is."""
+        return tf.equal(target_language[:, None], tf.constant(list(self.languages))[None, :])
 
     def _ids(self, text, max_length=-1):
         """Text `[batch]` -> its pieces and end of sentence `[batch, length]`, cut at `max_length`
