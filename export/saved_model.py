@@ -32,11 +32,12 @@ from training.run_folder import RunFolder, local_copy
 WARMUP_BATCH_SIZES = (1, 32)  # the batch sizes of the warm-up requests (export/layout.py)
 
 
-def write_warmup_requests(path, tokenizer, max_source_length, settings, target_languages, seed=0, compiled_shapes=None):
+def write_warmup_requests(path, tokenizer, max_source_length, settings, choices, seed=0, compiled_shapes=None):
     """Writes `path`: for each signature of `SIGNATURES`, one `PredictionLog` record per batch size
     of `WARMUP_BATCH_SIZES`, a request of made-up sentences (random pieces of the vocabulary, of
     lengths up to the model's `max_source_length`) and the signature's warm-up values for an
-    export of `settings` and `target_languages`. With `compiled_shapes` (an XLA export),
+    export of `settings` and `choices` (its metadata.json, or the keys of it that inputs pick
+    from: export/signatures.py `Input.choices`). With `compiled_shapes` (an XLA export),
     `serving_default` also gets a request of each compiled shape, so that the server compiles
     them all before it serves."""
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
@@ -53,7 +54,7 @@ def write_warmup_requests(path, tokenizer, max_source_length, settings, target_l
             text = _made_up_text(tokenizer, rng, batch, *longest)
             request = predict_pb2.PredictRequest()
             request.model_spec.signature_name = signature.name
-            for name, values in signature.warmup(text, settings, target_languages).items():
+            for name, values in signature.warmup(text, settings, choices).items():
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string if values.dtype == object else None))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
@@ -173,7 +174,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         signatures = {signature.name: getattr(translator, signature.method) for signature in SIGNATURES}
         tf.saved_model.save(translator, saved, signatures=signatures)
         write_warmup_requests(os.path.join(saved, WARMUP_REQUESTS), tokenizer, model.config.max_length,
-                              settings, list(served), compiled_shapes=compiled_shapes)  # fmt: skip
+                              settings, metadata, compiled_shapes=compiled_shapes)  # fmt: skip
         os.rename(saved, target)  # atomic on one filesystem
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -94,10 +94,15 @@ class Translator(tf.Module):
         # Outputs of the `options` signature have at most the export's limit for its longest source.
         self.longest_output = int(settings.max_length_a * model.config.max_length) + settings.max_length_b
         for signature in SIGNATURES:  # its method: an input with a default defaults to the export's value
-            inputs = signature.served_inputs(self.languages)
+            inputs = signature.served_inputs(self.choices)
             method = self._checked(getattr(self, "_" + signature.method), inputs)
             defaults = [self._default(row) for row in inputs if row.has_default]
             setattr(self, signature.method, with_defaults(method, [row.spec for row in inputs], defaults))
+
+    @property
+    def choices(self):
+        """{metadata.json key: the export's values} for the inputs that pick one (`Input.choices`)."""
+        return {"target_languages": tuple(self.languages)}
 
     def _translate(self, text, target_language=None):
         result = self._translate_ids(self._source_ids(text, target_language))
@@ -166,10 +171,10 @@ class Translator(tf.Module):
 
     def _default(self, row):
         """The export's value of input `row` as the signature's default: one value, for every
-        sentence. An option's is the export's decoding setting; `target_language`'s, its first."""
+        sentence. An option's is the export's decoding setting; a choice's, the export's first."""
+        if row.choices:
+            return tf.constant([self.choices[row.choices][0]])
         option = row.option
-        if option is None:
-            return tf.constant([next(iter(self.languages))])
         value = getattr(self.settings, option.name)
         if not option.kind.tokenized:
             return tf.constant([value], option.kind.served_dtype)
@@ -193,10 +198,11 @@ class Translator(tf.Module):
 
     def _checks(self, row, value):
         """Assertions that `value` is valid for the input `row`, whose InvalidArgument names it
-        (and for `target_language`, the unknown languages and the served ones)."""
-        if row.name == "target_language":
-            known = tf.reduce_any(self._asks_for(value), axis=1)
-            message = f"target_language must be one of the served languages {', '.join(self.languages)}; unknown:"
+        (and for a choice, the values not among the export's, and the export's)."""
+        if row.choices:
+            choices = self.choices[row.choices]
+            known = tf.reduce_any(_which(value, choices), axis=1)
+            message = f"{row.name} must be one of the {row.choices.replace('_', ' ')} of this export ({', '.join(choices)}); unknown:"
             return [tf.debugging.Assert(tf.reduce_all(known), [message, tf.boolean_mask(value, ~known)])]
         if row.check is None:
             return []
@@ -245,13 +251,9 @@ class Translator(tf.Module):
             if not prefixes:
                 return self._ids(text, max_length)
         else:
-            asked = tf.argmax(tf.cast(self._asks_for(target_language), tf.int32), axis=1)
+            asked = tf.argmax(tf.cast(_which(target_language, self.languages), tf.int32), axis=1)
             prefixes = tf.gather(tf.constant(list(self.languages.values())), asked)
         return self._ids(tf.strings.join([prefixes, text]), max_length)  # cleaned there, the ASCII tags too
-
-    def _asks_for(self, target_language):
-        """`[batch]` languages -> bool `[batch, languages]`: which of the export's each one is."""
-        return tf.equal(target_language[:, None], tf.constant(list(self.languages))[None, :])
 
     def _ids(self, text, max_length=-1):
         """Text `[batch]` -> its pieces and end of sentence `[batch, length]`, cut at `max_length`
@@ -304,6 +306,11 @@ class Translator(tf.Module):
 def _clean(text):
     """A string vector's bytes that are not UTF-8 replaced by U+FFFD."""
     return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+
+
+def _which(values, choices):
+    """Strings `[batch]` -> bool `[batch, choices]`: which of `choices` each one is."""
+    return tf.equal(values[:, None], tf.constant(list(choices))[None, :])
 
 
 def _of_its_rank(values, name):

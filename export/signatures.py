@@ -31,7 +31,6 @@ from keras_transformer.search.settings import INT32, Kind  # noqa: E402
 # Samples a request may ask for each sentence: each is a search of its own, and memory grows with them.
 MAX_SAMPLES = 100
 STRING = Kind(str, "string")
-LANGUAGES = "the export's target languages"  # a warm-up value: each sentence one of them, in turn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +47,13 @@ class Input:
         option: the decoding option it sets (`OPTIONS`): a request that leaves it out gets the
             export's value, which the SignatureDef records as its default, and one value may
             stand for every sentence. Without one, the input is a value for each sentence.
-        default: for an input without an option whose default is the export's too, that
-            default in words (the served module gives it: `export.serving.Translator._default`).
-        warmup: its value for each sentence of a warm-up request (None: the request's text;
-            `LANGUAGES`: the export's target languages in turn).
+        choices: for an input that picks one of the export's values, the key of metadata.json
+            that lists them. The first is its default, one value may stand for every sentence,
+            one not among them is refused, and warm-up requests ask for each in turn. An export
+            of one value does not take it, so that its SignatureDefs are those of before the input
+            existed (TF's signature functions in Python and Keras' TFSMLayer pass every input,
+            defaults or not).
+        warmup: its value for each sentence of a warm-up request (None: the request's text).
     """
 
     name: str
@@ -61,13 +63,17 @@ class Input:
     check: object = None
     bound: str = ""
     option: object = None
-    default: str = ""
+    choices: str = ""
     warmup: object = None
 
     @property
     def has_default(self):
         """A request may leave it out (and give one value for all sentences)."""
-        return self.option is not None or bool(self.default)
+        return self.option is not None or bool(self.choices)
+
+    def served_by(self, choices):
+        """Whether an export of `choices` ({metadata.json key: its values}) takes it."""
+        return not self.choices or len(choices[self.choices]) > 1
 
     @property
     def spec(self):
@@ -87,8 +93,8 @@ class Input:
         if self.option is not None:
             default = "none" if self.option.default == () else str(self.option.default).lower()
             doc += f" (default {default}; {self.valid})"
-        elif self.default:
-            doc += f" (default {self.default}; {self.valid})"
+        elif self.choices:
+            doc += f" (default the export's first; one of metadata.json's `{self.choices}`)"
         elif self.valid:
             doc += f" ({self.valid})"
         return f"| input | `{self.name}` | `tf.{self.kind.served_dtype}` | `{shape}`{': ' + doc if doc else ''} |"
@@ -113,7 +119,7 @@ INPUTS = (
     Input("prefix", STRING, 'for each sentence, the start of its translation; `""` for none', warmup=b""),
     Input("target", STRING, "a translation of each sentence"),
     Input("target_language", STRING, "in an export of several target languages, the language to write for each "
-          "sentence", "one of metadata.json's `target_languages`", default="the export's first", warmup=LANGUAGES),  # fmt: skip
+          "sentence", choices="target_languages"),  # fmt: skip
     *(option_input(option) for option in OPTIONS),
 )  # fmt: skip
 INPUT = {row.name: row for row in INPUTS}
@@ -150,19 +156,17 @@ class Signature:
     inputs = (INPUT["text"], INPUT["target_language"])
     outputs = ()
 
-    def served_inputs(self, languages):
-        """Its inputs in an export of target `languages`: `target_language` only where there are
-        several, so that the SignatureDefs of an export of one are as they were before it existed
-        (TF's signature functions in Python and Keras' TFSMLayer take every input, defaults or not)."""
-        return tuple(row for row in self.inputs if row.name != "target_language" or len(languages) > 1)
+    def served_inputs(self, choices):
+        """Its inputs in an export of `choices` ({metadata.json key: its values}, `Input.choices`)."""
+        return tuple(row for row in self.inputs if row.served_by(choices))
 
-    def warmup(self, text, settings, languages):
+    def warmup(self, text, settings, choices):
         """The inputs of a warm-up request of `text` (a NumPy array of strings) to an export of
-        `settings` and target `languages`: each row's warm-up value, within the export's bounds."""
+        `settings` and `choices`: each row's warm-up value, within the export's bounds."""
         inputs = {}
-        for row in self.served_inputs(languages):
-            if row.warmup is LANGUAGES:
-                value = np.resize(np.array([language.encode() for language in languages], object), len(text))
+        for row in self.served_inputs(choices):
+            if row.choices:
+                value = np.resize(np.array([choice.encode() for choice in choices[row.choices]], object), len(text))
             else:
                 value = text if row.warmup is None else np.stack([row.warmup] * len(text))
             inputs[row.name] = np.minimum(value, getattr(settings, row.bound)) if row.bound else value

@@ -25,6 +25,7 @@ SENTENCES = [
     "I think that my friends help the old teacher in the park.",
     "The cat follows a horse.",
 ]
+CHOICES = {"target_languages": ["de"]}  # what the suite's exports (of one pair) offer to pick (`Input.choices`)
 BAD_INPUTS = ["", "   \t ", "word " * 20000, "bytes \xff\xfe that are not UTF-8", "日本語のテキスト"]
 
 
@@ -126,7 +127,7 @@ def test_each_signature_serves_what_its_declaration_says(exported):
         served = loaded.signatures[declared.name]
         inputs, outputs = served.structured_input_signature[1], served.structured_outputs
         assert {name: (spec.dtype, spec.shape.rank) for name, spec in inputs.items()} == {
-            row.name: (tf.as_dtype(row.kind.served_dtype), row.kind.served_rank) for row in declared.served_inputs(["de"])}
+            row.name: (tf.as_dtype(row.kind.served_dtype), row.kind.served_rank) for row in declared.served_inputs(CHOICES)}
         assert {name: (spec.dtype, spec.shape.rank) for name, spec in outputs.items()} == {
             output.name: (tf.as_dtype(output.dtype), output.rank) for output in declared.outputs}
         assert callable(getattr(loaded, declared.method))
@@ -290,7 +291,7 @@ def _requests():
                     "suppress_sequences": [["Hund", ""], ["", ""], ["Katze", "rote"]], "max_input_length": [0, 6, 0]},
         "score": {"text": SENTENCES, "target": ["Der Hund.", "Ich denke.", "Die Katze."], "alpha": [0.6, 0.0, 1.0]},
     }  # fmt: skip
-    warmup = {s.name: s.warmup(np.array(SENTENCES), DecodingSettings(), ["de"]) for s in SIGNATURES if s.name not in written}
+    warmup = {s.name: s.warmup(np.array(SENTENCES), DecodingSettings(), CHOICES) for s in SIGNATURES if s.name not in written}
     return {**written, **{name: {key: value.tolist() for key, value in inputs.items()} for name, inputs in warmup.items()}}
 
 

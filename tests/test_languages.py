@@ -189,11 +189,15 @@ def test_several_pairs_are_evaluated_each_its_sources_tagged_beside_their_mean(m
 
 
 @pytest.mark.slow
-def test_a_run_of_two_targets_records_each_pairs_dev_bleu_and_keeps_the_best_mean(artifacts):
+def test_a_run_of_two_targets_resumes_records_each_pairs_dev_bleu_and_keeps_the_best_mean(artifacts):
+    """The shared two-target run, stopped at step 60 and resumed: its evaluations at 40 and 80."""
+    from artifacts import MULTILINGUAL_STOP
     from training.learning_curve import read_scalars
     from training.run_folder import RunFolder
 
-    run, printed = RunFolder(artifacts.multilingual_run), artifacts.output("multilingual")
+    run, resumed = RunFolder(artifacts.multilingual_run), artifacts.output("multilingual")
+    assert f"Resumed from {run.path}/checkpoints/ckpt-{MULTILINGUAL_STOP} at step {MULTILINGUAL_STOP}." in resumed
+    printed = artifacts.output("multilingual-start") + resumed
     dev = read_scalars(os.path.join(run.log_dir, "dev"))
     assert sorted(dev["bleu"]) == [40, 80] and set(dev) >= {"bleu/en-de", "bleu/en-qaa", "chrf/en-qaa"}
     for step, mean in dev["bleu"].items():  # each evaluation's mean of the two, as printed
@@ -242,8 +246,8 @@ def test_the_served_target_language_selects_the_language_as_the_library_with_its
     qaa = tf.constant(results["qaa"])
     as_qaa, as_de = (served.score(text, qaa, target_language=tf.constant([lang]))["log_prob"].numpy() for lang in ("qaa", "de"))
     assert np.all(as_qaa > as_de)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"target_language must be one of the served languages de, "
-                       r"qaa; unknown:\] \[fr\]"):  # fmt: skip
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"target_language must be one of the target languages of "
+                       r"this export \(de, qaa\); unknown:\] \[fr\]"):  # fmt: skip
         served.n_best(text[:2], tf.constant([1, 1]), target_language=tf.constant(["de", "fr"]))
 
     from tensorflow_serving.apis import prediction_log_pb2

@@ -10,6 +10,9 @@ from export import signatures
 from export.signatures import INPUT, INPUTS, SIGNATURE, SIGNATURES, readme_with_tables
 from keras_transformer.search import OPTIONS, SAMPLING_OPTIONS, DecodingSettings
 
+# What exports of one and of several target languages offer their inputs' choices (`Input.choices`).
+ONE, SEVERAL = {"target_languages": ["de"]}, {"target_languages": ["de", "fr"]}
+
 
 def test_every_signature_declares_its_inputs_as_rows_of_the_one_table():
     names = [row.name for row in INPUTS]
@@ -19,8 +22,8 @@ def test_every_signature_declares_its_inputs_as_rows_of_the_one_table():
         with_default = [row.has_default for row in signature.inputs]
         assert with_default == sorted(with_default), f"{signature.name}: the inputs with a default come last"
         assert signature.inputs[0] is INPUT["text"] and INPUT["target_language"] in signature.inputs  # every text's
-        assert signature.served_inputs(["de", "fr"]) == signature.inputs  # in an export of several languages only
-        assert signature.served_inputs(["de"]) == tuple(row for row in signature.inputs if row.name != "target_language")
+        assert signature.served_inputs(SEVERAL) == signature.inputs  # in an export of several languages only
+        assert signature.served_inputs(ONE) == tuple(row for row in signature.inputs if row.name != "target_language")
     assert [row.name for row in SIGNATURE["options"].inputs] == ["text", "target_language", *(o.name for o in OPTIONS)]
     assert [row.name for row in SIGNATURE["sample"].inputs] == ["text", "samples", "temperature", "top_k", "top_p", "seed",
                                                                 "target_language"]  # fmt: skip
@@ -42,7 +45,7 @@ def test_each_warmup_request_is_valid_by_its_rows_in_an_export_of_that_beam(beam
     text = np.array([b"a b", b"c"], object)
     settings = DecodingSettings(beam_size=beam_size)
     for signature in SIGNATURES:
-        request = signature.warmup(text, settings, ["de", "fr"])
+        request = signature.warmup(text, settings, SEVERAL)
         assert list(request) == [row.name for row in signature.inputs]
         for row in signature.inputs:
             value = request[row.name]
@@ -51,8 +54,8 @@ def test_each_warmup_request_is_valid_by_its_rows_in_an_export_of_that_beam(beam
                 assert np.all(row.check(value)), (signature.name, row.name, value)
             if row.bound:
                 assert np.all(value <= getattr(settings, row.bound)), (signature.name, row.name)
-    assert np.all(SIGNATURE["options"].warmup(text, settings, ["de"])["beam_size"] == min(2, beam_size))
-    assert SIGNATURE["score"].warmup(np.array([b"a"] * 3, object), settings, ["de", "fr"])["target_language"].tolist() == [
+    assert np.all(SIGNATURE["options"].warmup(text, settings, ONE)["beam_size"] == min(2, beam_size))
+    assert SIGNATURE["score"].warmup(np.array([b"a"] * 3, object), settings, SEVERAL)["target_language"].tolist() == [
         b"de", b"fr", b"de"]  # each served language, in turn  # fmt: skip
 
 
