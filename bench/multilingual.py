@@ -13,6 +13,13 @@ English -> German test sentences; the multilingual export writes its first langu
 One JSON line a model and pair, then compare_exports' lines for each batch size. The same
 --run-dir resumes each run where it stopped (a finished one is not trained again). Other flags
 go to training.train, after the recipe's.
+
+    python -m bench.multilingual --data ../shared/data/multi30k --run-dir runs/temperature --minutes 10 \
+        --temperatures 1,5 --cut cs=0.1
+
+The pairs' sampling temperature instead (--pair-temperature, training/languages.py): with one
+pair made small (--cut: its training split cut to its first tenth), one run into all languages
+for 3T minutes at each temperature, each scored as above (one JSON line a temperature and pair).
 """
 
 import argparse
@@ -31,10 +38,10 @@ RECIPE = ["--config", "multi30k", "--no-xla", "--source-lang", "en", "--dev-spli
           "--checkpoint-every", "1000000000", "--keep-checkpoints", "10"]  # fmt: skip
 
 
-def trained(run_dir, data_dir, targets, minutes, checkpoint_minutes, extra_flags):
+def trained(run_dir, data_dir, test, targets, minutes, checkpoint_minutes, extra_flags):
     """Trains (or resumes) a run of the recipe into `targets` for `minutes`, a checkpoint every
-    `checkpoint_minutes`; returns its training minutes."""
-    flags = ["--run-dir", run_dir, "--dataset", data_dir, "--test-split", test_split(data_dir), *RECIPE,
+    `checkpoint_minutes`, its test split `test`; returns its training minutes."""
+    flags = ["--run-dir", run_dir, "--dataset", data_dir, "--test-split", test, *RECIPE,
              "--target-lang", ",".join(targets), "--max-minutes", str(minutes),
              "--checkpoint-every-minutes", str(checkpoint_minutes), *extra_flags]  # fmt: skip
     _, metrics = train.train(train.parse_args(flags))
@@ -52,24 +59,84 @@ def scores(run_dir, checkpoint, limit=None):
     return metrics.get("pairs") or {languages.pair_name(next(iter(corpora))): metrics}
 
 
+def scored(metrics):
+    """What a JSON line records of a pair's test metrics."""
+    return {key: metrics[key] for key in ("bleu", "chrf", "sentences", "signature")}
+
+
+def cut_folder(data_dir, folder, targets, test, cut):
+    """Writes `folder`: each pair's files in a folder of its own, DIR/en-TARGET/ (training/data.py),
+    as in `data_dir` but for the training split of the pair in `cut` ((target, fraction)): its
+    first `fraction` of lines. Returns {target: its training pairs}."""
+    sizes = {}
+    for target in targets:
+        pair_dir = os.path.join(folder, f"en-{target}")
+        os.makedirs(pair_dir, exist_ok=True)
+        for split in ("train", "val", test):
+            for lang in ("en", target):
+                with open(os.path.join(data_dir, f"{split}.{lang}"), encoding="utf-8") as f:
+                    lines = f.readlines()
+                if split == "train" and target == cut[0]:
+                    lines = lines[: round(len(lines) * cut[1])]
+                with open(os.path.join(pair_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                    f.writelines(lines)
+                if split == "train":
+                    sizes[target] = len(lines)
+    return sizes
+
+
+def temperature_study(args, targets, test, temperatures, cut, extra_flags):
+    """--temperatures: on the data of --cut, one run into all `targets` for 3T minutes at each
+    temperature, its last checkpoint scored on each pair."""
+    data = os.path.join(args.run_dir, "data")
+    sizes = cut_folder(args.data, data, targets, test, cut)
+    for temperature in temperatures:
+        run_dir = os.path.join(args.run_dir, f"temperature-{temperature:g}")
+        flags = [*extra_flags, "--pair-temperature", str(temperature)]
+        trained_minutes = trained(run_dir, data, test, targets, len(targets) * args.minutes, args.minutes, flags)
+        shares = dict(zip(targets, languages.pair_weights([sizes[target] for target in targets], temperature).tolist()))
+        checkpoint = RunFolder(run_dir).checkpoint("latest")
+        for pair, metrics in scores(run_dir, checkpoint, args.limit).items():
+            target = pair.split("-")[1]
+            emit({"benchmark": "pair_temperature", "temperature": temperature, "pair": pair, "train_pairs": sizes[target],
+                  "share_of_batches": round(shares[target], 4), "train_minutes": trained_minutes, **scored(metrics),
+                  "checkpoint": checkpoint})  # fmt: skip
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)  # fmt: skip  (other flags go to training.train whole)
     parser.add_argument("--data", required=True, help="the Multi30k folder (train, val, test2016 .en .de .fr .cs)")
-    parser.add_argument("--run-dir", default="runs/multilingual", help="where the four runs go")
+    parser.add_argument("--run-dir", default="runs/multilingual", help="where the runs go")
     parser.add_argument("--minutes", type=float, default=15, help="T: each bilingual run's training minutes")
     parser.add_argument("--targets", default=",".join(TARGETS), help="the target languages (default: de,fr,cs)")
     parser.add_argument("--batch-sizes", default="1,32", help="of the served comparison (none: no comparison)")
     parser.add_argument("--rounds", type=int, default=3, help="of the served comparison")
     parser.add_argument("--limit", type=int, help="the first N test sentences of each pair (default: all)")
+    parser.add_argument("--temperatures", help="instead, one run into all targets at each of these --pair-temperature "
+                        "values (a comma list), on the data of --cut")  # fmt: skip
+    parser.add_argument("--cut", help="with --temperatures: TARGET=FRACTION, that pair's training split cut to its first "
+                        "FRACTION (e.g. cs=0.1)")  # fmt: skip
     args, extra_flags = parser.parse_known_args(argv)
     targets = args.targets.split(",")
+    test = test_split(args.data)
+    if args.temperatures:
+        try:
+            temperatures = [float(value) for value in args.temperatures.split(",")]
+            target, fraction = (args.cut or "").split("=")
+            cut = (target, float(fraction))
+        except ValueError:
+            parser.error(f"--temperatures {args.temperatures} --cut {args.cut}: give numbers, and TARGET=FRACTION")
+        if target not in targets or not 0 < cut[1] <= 1:
+            parser.error(f"--cut {args.cut}: TARGET one of --targets {args.targets}, FRACTION in (0, 1]")
+        return temperature_study(args, targets, test, temperatures, cut, extra_flags)
+
     minutes = {}
     runs = {target: os.path.join(args.run_dir, f"en-{target}") for target in targets}
     for target, run_dir in runs.items():
-        minutes[run_dir] = trained(run_dir, args.data, [target], args.minutes, args.minutes, extra_flags)
+        minutes[run_dir] = trained(run_dir, args.data, test, [target], args.minutes, args.minutes, extra_flags)
     together = os.path.join(args.run_dir, "en-" + "-".join(targets))
-    minutes[together] = trained(together, args.data, targets, len(targets) * args.minutes, args.minutes, extra_flags)
+    minutes[together] = trained(together, args.data, test, targets, len(targets) * args.minutes, args.minutes, extra_flags)
 
     rows = [(run_dir, "bilingual", "T", RunFolder(run_dir).checkpoint("latest"), minutes[run_dir]) for run_dir in runs.values()]
     checkpoints = [path for _, path in RunFolder(together).checkpoints()]  # the first at T minutes, the last at the end
@@ -78,8 +145,7 @@ def main(argv=None):
     for run_dir, model, budget, checkpoint, trained_minutes in rows:
         for pair, metrics in scores(run_dir, checkpoint, args.limit).items():
             emit({"benchmark": "multilingual", "model": model, "budget": budget, "pair": pair, "train_minutes": trained_minutes,
-                  "bleu": metrics["bleu"], "chrf": metrics["chrf"], "sentences": metrics["sentences"],
-                  "signature": metrics["signature"], "checkpoint": checkpoint})  # fmt: skip
+                  **scored(metrics), "checkpoint": checkpoint})  # fmt: skip
 
     if args.batch_sizes == "none":
         return

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from bench import multi30k, smoke
 from conftest import loaded_export
-from training import learning_curve
+from training import languages, learning_curve
 from training.run_folder import RunFolder
 
 REQUIRED = {
@@ -146,6 +146,13 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
         assert rows == [("bilingual", "T", "en-de"), ("bilingual", "T", "en-qaa"), *(
             ("multilingual", budget, pair) for budget in ("T", "2T") for pair in ("en-de", "en-qaa"))]  # fmt: skip
         assert RunFolder(str(runs / "multilingual" / "en-de-qaa")).pairs() == (("en", "de"), ("en", "qaa"))
+        # Then --temperatures 5 with en-qaa cut to half: its batches' shares by the formula, each pair scored.
+        studied = [r for r in records if r["benchmark"] == "pair_temperature"]
+        assert [(r["temperature"], r["pair"], r["train_pairs"]) for r in studied] == [(5.0, "en-de", 300), (5.0, "en-qaa", 150)]
+        shares = languages.pair_weights([300, 150], 5.0)
+        assert [r["share_of_batches"] for r in studied] == pytest.approx(shares, abs=1e-4) and shares[1] > 1 / 3
+        assert len((runs / "multilingual" / "data" / "en-qaa" / "train.qaa").read_text().splitlines()) == 150
+        assert RunFolder(str(runs / "multilingual" / "temperature-5")).settings()["pair_temperature"] == 5.0
     if module == "bench.wmt14_recipe":  # 4 updates of 8 batches, averaged, scored both ways
         (record,) = records
         assert (record["updates"], record["accumulate_steps"], record["checkpoints"]) == (4, 8, [4])
