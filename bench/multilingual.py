@@ -18,8 +18,9 @@ go to training.train, after the recipe's.
         --temperatures 1,5 --cut cs=0.1
 
 The pairs' sampling temperature instead (--pair-temperature, training/languages.py): with one
-pair made small (--cut: its training split cut to its first tenth), one run into all languages
-for 3T minutes at each temperature, each scored as above (one JSON line a temperature and pair).
+pair made small (--cut TARGET=FRACTION: its training split cut to its first FRACTION), one run
+into all languages for 3T minutes at each temperature, each scored as above (one JSON line a
+temperature and pair).
 """
 
 import argparse
@@ -70,7 +71,7 @@ def cut_folder(data_dir, folder, targets, test, cut):
     first `fraction` of lines. Returns {target: its training pairs}."""
     sizes = {}
     for target in targets:
-        pair_dir = os.path.join(folder, f"en-{target}")
+        pair_dir = os.path.join(folder, languages.pair_name(("en", target)))  # training/data.py's folder of a pair
         os.makedirs(pair_dir, exist_ok=True)
         for split in ("train", "val", test):
             for lang in ("en", target):
