@@ -10,9 +10,11 @@ the paper's decoding (beam 4, alpha 0.6) from its last checkpoint, the multiling
 its checkpoint at T minutes. Then the served speed: the multilingual export against the English
 -> German one, batch 1 and 32, side by side in a fresh process (bench.compare_exports, on the
 English -> German test sentences; the multilingual export writes its first language, German).
-One JSON line a model and pair, then compare_exports' lines for each batch size. The same
---run-dir resumes each run where it stopped (a finished one is not trained again). Other flags
-go to training.train, after the recipe's.
+With --average N, each model is scored as the mean of its last N checkpoints instead, written a
+minute apart (the paper averages its last 5, Section 6.1; the multilingual model at T minutes:
+the last N up to T). One JSON line a model and pair, then compare_exports' lines for each batch
+size. The same --run-dir resumes each run where it stopped (a finished one is not trained
+again). Other flags go to training.train, after the recipe's.
 
     python -m bench.multilingual --data ../shared/data/multi30k --run-dir runs/temperature --minutes 10 \
         --temperatures 1,5 --cut cs=0.1
@@ -25,18 +27,20 @@ temperature and pair).
 
 import argparse
 import json
+import math
 import os
 
 from bench.common import emit, run_isolated
 from bench.multi30k import test_split
 from training import evaluate, languages, train
+from training.average_checkpoints import averaged_model
 from training.run_folder import RunFolder
 
 TARGETS = ("de", "fr", "cs")
 # The multi30k preset, no XLA (as bench/multi30k.py's recipe), scored below: checkpoints by training
 # time only (--checkpoint-every-minutes), all kept.
 RECIPE = ["--config", "multi30k", "--no-xla", "--source-lang", "en", "--dev-split", "val", "--no-evaluate",
-          "--checkpoint-every", "1000000000", "--keep-checkpoints", "10"]  # fmt: skip
+          "--checkpoint-every", "1000000000"]  # fmt: skip
 
 
 def trained(run_dir, data_dir, test, targets, minutes, checkpoint_minutes, extra_flags):
@@ -44,9 +48,23 @@ def trained(run_dir, data_dir, test, targets, minutes, checkpoint_minutes, extra
     `checkpoint_minutes`, its test split `test`; returns its training minutes."""
     flags = ["--run-dir", run_dir, "--dataset", data_dir, "--test-split", test, *RECIPE,
              "--target-lang", ",".join(targets), "--max-minutes", str(minutes),
-             "--checkpoint-every-minutes", str(checkpoint_minutes), *extra_flags]  # fmt: skip
+             "--checkpoint-every-minutes", str(checkpoint_minutes),
+             "--keep-checkpoints", str(math.ceil(minutes / checkpoint_minutes) + 1), *extra_flags]  # fmt: skip
     _, metrics = train.train(train.parse_args(flags))
     return round(metrics["train_seconds"] / 60, 1)
+
+
+def checkpoint_at(run_dir, checkpoints, average):
+    """The checkpoint to score after `checkpoints` of a run's checkpoints: the last of them, or with
+    `average` > 1 the mean of the last `average` (written to RUN_DIR/bench-averaged/). Returns
+    (its path, the names of those averaged)."""
+    paths = [path for _, path in RunFolder(run_dir).checkpoints()][:checkpoints][-average:]
+    if average <= 1:
+        return paths[-1], []
+    saved = os.path.join(run_dir, "bench-averaged", f"{os.path.basename(paths[-1])}-of-{len(paths)}.weights.h5")
+    os.makedirs(os.path.dirname(saved), exist_ok=True)
+    averaged_model(RunFolder(run_dir).config(), paths).save_weights(saved)
+    return saved, [os.path.basename(path) for path in paths]
 
 
 def scores(run_dir, checkpoint, limit=None):
@@ -86,22 +104,23 @@ def cut_folder(data_dir, folder, targets, test, cut):
     return sizes
 
 
-def temperature_study(args, targets, test, temperatures, cut, extra_flags):
+def temperature_study(args, targets, test, temperatures, cut, every, extra_flags):
     """--temperatures: on the data of --cut, one run into all `targets` for 3T minutes at each
-    temperature, its last checkpoint scored on each pair."""
+    temperature (a checkpoint `every` minutes), its last checkpoint (or --average) scored on each
+    pair."""
     data = os.path.join(args.run_dir, "data")
     sizes = cut_folder(args.data, data, targets, test, cut)
     for temperature in temperatures:
         run_dir = os.path.join(args.run_dir, f"temperature-{temperature:g}")
         flags = [*extra_flags, "--pair-temperature", str(temperature)]
-        trained_minutes = trained(run_dir, data, test, targets, len(targets) * args.minutes, args.minutes, flags)
+        trained_minutes = trained(run_dir, data, test, targets, len(targets) * args.minutes, every, flags)
         shares = dict(zip(targets, languages.pair_weights([sizes[target] for target in targets], temperature).tolist()))
-        checkpoint = RunFolder(run_dir).checkpoint("latest")
+        checkpoint, averaged = checkpoint_at(run_dir, None, args.average)
         for pair, metrics in scores(run_dir, checkpoint, args.limit).items():
             target = pair.split("-")[1]
             emit({"benchmark": "pair_temperature", "temperature": temperature, "pair": pair, "train_pairs": sizes[target],
                   "share_of_batches": round(shares[target], 4), "train_minutes": trained_minutes, **scored(metrics),
-                  "checkpoint": checkpoint})  # fmt: skip
+                  "checkpoint": checkpoint, "averaged": averaged})  # fmt: skip
 
 
 def main(argv=None):
@@ -114,6 +133,8 @@ def main(argv=None):
     parser.add_argument("--batch-sizes", default="1,32", help="of the served comparison (none: no comparison)")
     parser.add_argument("--rounds", type=int, default=3, help="of the served comparison")
     parser.add_argument("--limit", type=int, help="the first N test sentences of each pair (default: all)")
+    parser.add_argument("--average", type=int, default=1, help="score the mean of each model's last N checkpoints, "
+                        "written a minute apart (default: 1, the checkpoint itself)")  # fmt: skip
     parser.add_argument("--temperatures", help="instead, one run into all targets at each of these --pair-temperature "
                         "values (a comma list), on the data of --cut")  # fmt: skip
     parser.add_argument("--cut", help="with --temperatures: TARGET=FRACTION, that pair's training split cut to its first "
@@ -121,6 +142,7 @@ def main(argv=None):
     args, extra_flags = parser.parse_known_args(argv)
     targets = args.targets.split(",")
     test = test_split(args.data)
+    every = min(1.0, args.minutes) if args.average > 1 else args.minutes  # a checkpoint every `every` minutes
     if args.temperatures:
         try:
             temperatures = [float(value) for value in args.temperatures.split(",")]
@@ -130,23 +152,25 @@ def main(argv=None):
             parser.error(f"--temperatures {args.temperatures} --cut {args.cut}: give numbers, and TARGET=FRACTION")
         if target not in targets or not 0 < cut[1] <= 1:
             parser.error(f"--cut {args.cut}: TARGET one of --targets {args.targets}, FRACTION in (0, 1]")
-        return temperature_study(args, targets, test, temperatures, cut, extra_flags)
+        return temperature_study(args, targets, test, temperatures, cut, every, extra_flags)
 
     minutes = {}
     runs = {target: os.path.join(args.run_dir, f"en-{target}") for target in targets}
     for target, run_dir in runs.items():
-        minutes[run_dir] = trained(run_dir, args.data, test, [target], args.minutes, args.minutes, extra_flags)
+        minutes[run_dir] = trained(run_dir, args.data, test, [target], args.minutes, every, extra_flags)
     together = os.path.join(args.run_dir, "en-" + "-".join(targets))
-    minutes[together] = trained(together, args.data, test, targets, len(targets) * args.minutes, args.minutes, extra_flags)
+    minutes[together] = trained(together, args.data, test, targets, len(targets) * args.minutes, every, extra_flags)
 
-    rows = [(run_dir, "bilingual", "T", RunFolder(run_dir).checkpoint("latest"), minutes[run_dir]) for run_dir in runs.values()]
-    checkpoints = [path for _, path in RunFolder(together).checkpoints()]  # the first at T minutes, the last at the end
-    rows += [(together, "multilingual", "T", checkpoints[0], args.minutes),
-             (together, "multilingual", f"{len(targets)}T", checkpoints[-1], minutes[together])]  # fmt: skip
-    for run_dir, model, budget, checkpoint, trained_minutes in rows:
+    # (run, model, budget, its checkpoints up to the budget, minutes): a checkpoint each `every`
+    # minutes by training time, so the multilingual run's at T minutes is its T/every-th.
+    rows = [(run_dir, "bilingual", "T", None, minutes[run_dir]) for run_dir in runs.values()]
+    rows += [(together, "multilingual", "T", max(1, round(args.minutes / every)), args.minutes),
+             (together, "multilingual", f"{len(targets)}T", None, minutes[together])]  # fmt: skip
+    for run_dir, model, budget, checkpoints, trained_minutes in rows:
+        checkpoint, averaged = checkpoint_at(run_dir, checkpoints, args.average)
         for pair, metrics in scores(run_dir, checkpoint, args.limit).items():
             emit({"benchmark": "multilingual", "model": model, "budget": budget, "pair": pair, "train_minutes": trained_minutes,
-                  **scored(metrics), "checkpoint": checkpoint})  # fmt: skip
+                  **scored(metrics), "checkpoint": checkpoint, "averaged": averaged})  # fmt: skip
 
     if args.batch_sizes == "none":
         return

@@ -87,7 +87,7 @@ FLAGS = {
                             "--steps=6", "--steps-per-call=2", "--checkpoint-every=2", "--eval-every-minutes=0.001"]],
     "multilingual": lambda s: [
         [f"--data={corpus(s, targets=('de', 'qaa'))}", "--targets=de,qaa", "--minutes=1", "--limit=2", "--batch-sizes=none",
-         "--config=tiny", *MECHANICS, "--steps=2", "--steps-per-call=2"],
+         "--average=2", "--config=tiny", *MECHANICS, "--steps=2", "--steps-per-call=2", "--checkpoint-every=1"],
         [f"--data={corpus(s, targets=('de', 'qaa'))}", "--targets=de,qaa", "--temperatures=5", "--cut=qaa=0.5", "--minutes=1",
          "--limit=2", "--config=tiny", *MECHANICS, "--steps=2", "--steps-per-call=2"]],
     "multihost": lambda s: [["--config=smoke", "--vocab-size=100", "--batch=8", "--length=8", "--steps=2", "--rounds=1"]],

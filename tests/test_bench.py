@@ -146,6 +146,9 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
         assert rows == [("bilingual", "T", "en-de"), ("bilingual", "T", "en-qaa"), *(
             ("multilingual", budget, pair) for budget in ("T", "2T") for pair in ("en-de", "en-qaa"))]  # fmt: skip
         assert RunFolder(str(runs / "multilingual" / "en-de-qaa")).pairs() == (("en", "de"), ("en", "qaa"))
+        # --average 2 of runs with a checkpoint at each of 2 steps: the multilingual one's at T (1 minute) is its first.
+        both, first = ["ckpt-1", "ckpt-2"], ["ckpt-1"]
+        assert [r["averaged"] for r in records if r["benchmark"] == "multilingual"] == [both, both, first, first, both, both]
         # Then --temperatures 5 with en-qaa cut to half: its batches' shares by the formula, each pair scored.
         studied = [r for r in records if r["benchmark"] == "pair_temperature"]
         assert [(r["temperature"], r["pair"], r["train_pairs"]) for r in studied] == [(5.0, "en-de", 300), (5.0, "en-qaa", 150)]

@@ -19,19 +19,25 @@ from keras_transformer import Transformer  # noqa: E402
 from training.run_folder import RunFolder, checkpoint_name, load_weights, written_locally  # noqa: E402
 
 
+def averaged_model(config, paths):
+    """A Transformer of `config` with the mean of the weights of the checkpoints at `paths`."""
+    model = Transformer(config)
+    total = None
+    for path in paths:
+        load_weights(model, path)
+        weights = model.get_weights()
+        total = weights if total is None else [t + w for t, w in zip(total, weights)]
+    model.set_weights([t / len(paths) for t in total])
+    return model
+
+
 def average_checkpoints(run_dir, last=5):
     """Averages the last `last` checkpoints of a run; returns (the averaged file, the paths)."""
     run = RunFolder(run_dir)
     checkpoints = run.checkpoints()[-last:]
     if not checkpoints:
         raise ValueError(f"{run.checkpoint_dir} holds no checkpoint to average.")
-    model = Transformer(run.config())
-    total = None
-    for _, path in checkpoints:
-        load_weights(model, path)
-        weights = model.get_weights()
-        total = weights if total is None else [t + w for t, w in zip(total, weights)]
-    model.set_weights([t / len(checkpoints) for t in total])
+    model = averaged_model(run.config(), [path for _, path in checkpoints])
     steps = [step for step, _ in checkpoints]
     name = checkpoint_name(steps[-1]) + ".weights.h5"
     tf.io.gfile.makedirs(run.averaged_dir)
