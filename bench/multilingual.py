@@ -58,12 +58,13 @@ def checkpoint_at(run_dir, checkpoints, average):
     """The checkpoint to score after `checkpoints` of a run's checkpoints: the last of them, or with
     `average` > 1 the mean of the last `average` (written to RUN_DIR/bench-averaged/). Returns
     (its path, the names of those averaged)."""
-    paths = [path for _, path in RunFolder(run_dir).checkpoints()][:checkpoints][-average:]
+    run = RunFolder(run_dir)
+    paths = [path for _, path in run.checkpoints()][:checkpoints][-average:]
     if average <= 1:
         return paths[-1], []
     saved = os.path.join(run_dir, "bench-averaged", f"{os.path.basename(paths[-1])}-of-{len(paths)}.weights.h5")
     os.makedirs(os.path.dirname(saved), exist_ok=True)
-    averaged_model(RunFolder(run_dir).config(), paths).save_weights(saved)
+    averaged_model(run.config(), paths).save_weights(saved)
     return saved, [os.path.basename(path) for path in paths]
 
 
