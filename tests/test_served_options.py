@@ -44,6 +44,7 @@ EXPORTED = {"no_repeat_ngram_size": 3, "alpha": 1.0}
 # differ from the table's defaults.
 BINDING = SENTENCES + [
     "The dog sees the dog sees the dog.",
+    "The dog sees the dog sees the dog sees the dog sees the dog sees the dog.",
     "I think that I think that I think.",
     "The children help the old teacher in the park.",
 ]
