@@ -27,6 +27,7 @@ from keras_transformer import BOS_ID, PAD_ID, Transformer, TransformerConfig
 from export.saved_model import in_precision
 from export.serving import PARALLEL_SEARCHES, SERVED_EXECUTION, in_parallel, use_serving_threads
 from keras_transformer.search import DecodingSettings, Execution, beam_search, greedy_search
+from keras_transformer.search.flags import flag_of
 from keras_transformer.search.shortlist import search_over
 from keras_transformer.search.loop import graph_function
 
@@ -172,7 +173,7 @@ def main(argv=None):
         mode, beam_size, xla, *precision = args.only.split(":")
         measure(mode, int(beam_size), bool(int(xla)), args, *precision)
         return
-    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+    passed = [f"{flag_of(k)}={v}" for k, v in vars(args).items()
               if k not in ("only", "rounds", "precisions", "modes", "ctranslate2_types")]  # fmt: skip
     if any(row[0] == "ctranslate2" for row in rows) and ctranslate2_reference.available():
         # Its faster matrix library here, chosen once on this model; the rows' processes inherit it.

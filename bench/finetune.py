@@ -19,6 +19,7 @@ import os
 
 from bench.common import emit
 from bench.multi30k import test_split
+from keras_transformer.search.flags import flag_of
 from training import data, evaluate, train
 from training.run_folder import RunFolder
 
@@ -88,7 +89,7 @@ def main(argv=None):
     source = RunFolder(general)
     own = source.load_corpus()  # the general model's own test split: Multi30k's test2016
     config = source.config()  # its preset, and any model flag it changed
-    model_flags = [f"--config={source.settings()['config']}", *(f"--{name.replace('_', '-')}={getattr(config, name)}"
+    model_flags = [f"--config={source.settings()['config']}", *(f"{flag_of(name)}={getattr(config, name)}"
                    for name in ("encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "max_length"))]  # fmt: skip
     checkpoint = "best" if source.best().get("file") else "latest"
     rows = {"a_general_as_is": (general, checkpoint, minutes)}

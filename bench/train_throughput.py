@@ -20,6 +20,7 @@ import tensorflow as tf
 from bench import torch_reference
 from bench.common import emit, peak_rss_mb, run_isolated, time_call
 from keras_transformer import TransformerConfig
+from keras_transformer.search.flags import flag_of
 from training import backends
 from training.schedule import TransformerSchedule, paper_optimizer
 
@@ -108,7 +109,7 @@ def main(argv=None):
         name, backend, xla = args.only.split(":")
         measure(name, backend, bool(int(xla)), args, ceiling)
         return
-    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("only", "ceiling")]
+    passed = [f"{flag_of(k)}={v}" for k, v in vars(args).items() if k not in ("only", "ceiling")]
     for name in args.configs.split(","):
         for backend in args.backends.split(","):
             for backend_name, xla in ROWS[backend]:
