@@ -1,4 +1,4 @@
-"""Every benchmark's smoke mode (bench/smoke.py's flags), in one process: a check that each still
+"""Every benchmark's smoke mode (bench/smoke.py's registry), in one process: a check that each still
 runs, in about three minutes on 2 cores (here a measurement that needs no environment of its own
 runs in this process, bench/common.py's ONE_PROCESS).
 
@@ -17,8 +17,6 @@ import tempfile
 
 from bench import common, smoke
 
-BENCHMARKS = tuple(smoke.FLAGS)
-
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -26,18 +24,19 @@ def main(argv=None):
     parser.add_argument("benchmarks", nargs="*", metavar="bench.NAME", help="those to run (default: all)")
     parser.add_argument("--runs", help="a folder for the run folders that benchmarks make (default: temporary ones)")
     args = parser.parse_args(argv)
-    names = [module.removeprefix("bench.") for module in args.benchmarks] or BENCHMARKS
-    if unknown := [name for name in names if name not in BENCHMARKS]:
-        parser.error(f"no benchmark bench.{unknown[0]} (there are {', '.join(BENCHMARKS)})")
+    names = [module.removeprefix("bench.") for module in args.benchmarks] or smoke.BENCHMARKS
+    if unknown := [name for name in names if name not in smoke.BENCHMARKS]:
+        parser.error(f"no benchmark bench.{unknown[0]} (there are {', '.join(smoke.BENCHMARKS)})")
     from export.serving import use_serving_threads
 
     use_serving_threads()
     common.ONE_PROCESS = True
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:
-            kept = [f"--run-dir={os.path.join(args.runs or scratch, name)}"] if name in smoke.RUN_FOLDER else []
+            benchmark = smoke.BENCHMARKS[name]
+            kept = [f"--run-dir={os.path.join(args.runs or scratch, name)}"] if benchmark.run_folder else []
             print(f"== bench.{name}", flush=True)
-            for flags in smoke.FLAGS[name](scratch):
+            for flags in benchmark.flags(scratch):
                 importlib.import_module(f"bench.{name}").main([*flags, *kept])
 
 

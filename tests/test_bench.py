@@ -1,5 +1,5 @@
-"""Each benchmark runs in its seconds-long smoke mode (bench/smoke.py's flags, all in one process:
-`python -m bench --smoke`) and prints well-formed JSON lines."""
+"""Each benchmark of bench/smoke.py's registry runs in its seconds-long smoke mode (all in one
+process: `python -m bench --smoke`) and prints JSON lines of its own with the registry's keys."""
 
 import json
 import os
@@ -15,25 +15,6 @@ from bench import multi30k, smoke
 from conftest import loaded_export
 from training import languages, learning_curve
 from training.run_folder import RunFolder
-
-REQUIRED = {
-    "bench.compare_exports": {"benchmark", "batch"},  # and each round's figures, or a summary
-    "bench.decode_profile": {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
-    "bench.decode": {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
-    "bench.multihost": {"one_process_4_devices_tgt_tokens_per_s_per_device", "two_processes_2_devices_tgt_tokens_per_s_per_device", "ratio"},
-    "bench.corpus_scale": {"pairs", "read_and_cut_s", "tokenizer_s", "first_step_s", "peak_rss_before_first_step_mb", "shards",
-                           "shortlist_s", "shortlist_peak_rss_mb"},
-    "bench.pipeline": {"tgt_tokens_per_s", "tgt_tokens_per_s_per_core", "v5e_chip_tgt_tokens_per_s_estimate", "cores_per_chip"},
-    "bench.train_throughput": {"config", "backend", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
-    "bench.real_serving": {"batch"},  # and a round's sentences/s, latency and BLEU, a ratio of them, or its median
-    "bench.wmt14_recipe": {"updates", "accumulate_steps", "seconds_per_update", "checkpoints", "averaged", "bleu", "signature",
-                           "bleu_paper", "bleu_paper_signature", "peak_rss_mb"},
-    "bench.finetune": {"row", "news_test_bleu", "signature", "news_test_sentences", "train_minutes", "run"},
-    "bench.multilingual": {"model", "budget", "pair", "train_minutes", "bleu", "chrf", "sentences", "signature", "checkpoint"},
-    "bench.multi30k": {"bleu", "signature", "chrf", "bleu_lowercase", "bleu_lowercase_signature", "dev_bleu", "dev_chrf",
-                       "dev_bleu_lowercase", "dev_bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
-}
-
 
 @pytest.fixture(scope="module")
 def smoke_runs(artifacts, tmp_path_factory):
@@ -57,25 +38,26 @@ def smoke_runs(artifacts, tmp_path_factory):
 # Each runs its whole benchmark (several processes for some; some train for a few steps): slow.
 @pytest.mark.slow
 @pytest.mark.xdist_group("bench")
-@pytest.mark.parametrize("module", sorted(REQUIRED))
+@pytest.mark.parametrize("module", [f"bench.{name}" for name in sorted(smoke.BENCHMARKS)])
 def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
     outputs, stderr, runs = smoke_runs
     output = "\n".join(outputs[module])
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-    assert records, output
+    name = module.removeprefix("bench.")
+    own = [record for record in records if record["benchmark"] == name]  # not its summaries and ratios
+    assert own, output
+    for record in own:
+        assert smoke.BENCHMARKS[name].keys <= set(record), record
     for record in records:
-        assert REQUIRED[module] <= set(record) or record["benchmark"] != module.removeprefix("bench."), record
         assert all(record[key] > 0 for key in record if key.endswith("_per_s") or key == "peak_rss_mb")
-    if module == "bench.real_serving":  # each measurement has its speed, latency and BLEU; each ratio both BLEUs
-        measured = [r for r in records if r["benchmark"] == "real_serving"]
-        assert measured and all({"round", "sentences_per_s", "p50_ms", "p95_ms", "bleu"} <= set(r) for r in measured), records
+    if module == "bench.real_serving":  # each system measured (its speed, latency and BLEU: the keys); each ratio both BLEUs
         ours, int8 = (f"{os.path.basename(artifacts.tf_run)}/{kind}" for kind in ("export", "ctranslate2_int8"))
-        (cold,) = [r for r in measured if r["system"] == ours]  # ours started as a server: load, warm-up, first request
+        (cold,) = [r for r in own if r["system"] == ours]  # ours started as a server: load, warm-up, first request
         assert cold["load_s"] > 0 and cold["warmup_s"] > 0 and cold["first_request_ms"] > 0
         if "CTranslate2 is not installed" in stderr:
             pytest.skip("bench.real_serving's CTranslate2 rows: CTranslate2 is not installed (export/requirements.txt)")
-        assert {r["system"] for r in measured} == {ours, int8}  # smoke: int8
-        speeds = {(r["round"], r["system"]): r["sentences_per_s"] for r in measured}
+        assert {r["system"] for r in own} == {ours, int8}  # smoke: int8
+        speeds = {(r["round"], r["system"]): r["sentences_per_s"] for r in own}
         ratios = [r for r in records if r["benchmark"] == "real_serving_ratio"]
         assert [(r["ours"], r["other"]) for r in ratios] == [(ours, int8)]
         for r in ratios:  # each ratio is the two systems' speeds of its round, not a constant
@@ -166,7 +148,7 @@ def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
 
 @pytest.mark.slow
 def test_a_multi30k_probe_scores_val_and_leaves_the_test_split_unread(tmp_path, capsys):
-    (flags,) = smoke.FLAGS["multi30k"](str(tmp_path))
+    (flags,) = smoke.BENCHMARKS["multi30k"].flags(str(tmp_path))
     multi30k.main([*flags, "--probe", "--run-dir", str(tmp_path / "run")])
     output = capsys.readouterr().out
     record = json.loads([line for line in output.splitlines() if line.startswith("{")][0])
@@ -191,10 +173,9 @@ def test_multi30k_names_the_missing_files_and_takes_the_repositorys_test_name(tm
 
 
 def test_the_smoke_runner_names_an_unknown_benchmark_and_the_known_ones(capsys):
-    from bench.__main__ import BENCHMARKS, main
+    from bench.__main__ import main
 
     with pytest.raises(SystemExit):
         main(["--smoke", "bench.decode", "bench.nonesuch"])
     error = capsys.readouterr().err
     assert "no benchmark bench.nonesuch (there are compare_exports, corpus_scale," in error
-    assert set(BENCHMARKS) == {module.removeprefix("bench.") for module in REQUIRED}  # each is checked above
