@@ -105,6 +105,10 @@ BENCHMARKS = {
     "decode_profile": Benchmark(
         {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
         lambda s: [[f"--export-dir={export(s)}", f"--sentences={sentences(s)}", "--calls=1"]]),
+    "demo": Benchmark(
+        {"backend", "seed", "bleu", "train_seconds", "first_command_wall_seconds", "sentences_exact", "holds"},
+        lambda s: [["--runs=tf:0", *MECHANICS, "--steps=2", "--no-evaluate"]],
+        run_folder=True),
     "finetune": Benchmark(
         {"row", "news_test_bleu", "signature", "news_test_sentences", "train_minutes", "run"},
         lambda s: [[f"--general={run(s)}", f"--news={corpus(s, ('newstest2014', 'none', 'none'), 7, (52, 0, 0))}",

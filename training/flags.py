@@ -132,7 +132,10 @@ FLAGS = (
     Flag("checkpoint_every", int, PRESET, "steps between checkpoints", POSITIVE),
     Flag("checkpoint_every_minutes", float, 0, "also a checkpoint each time training has taken this many more "
          "minutes (0: none); the paper averaged the last 5 of 10-minute checkpoints", NONE_OR_POSITIVE),  # fmt: skip
-    Flag("keep_checkpoints", int, 5, "checkpoints kept (the paper averages the last 5)", POSITIVE),
+    Flag("keep_checkpoints", int, 5, "checkpoints kept (at least --average-last)", POSITIVE),
+    Flag("average_last", int, PRESET, "when training ends, average the last N checkpoints into DIR/averaged/, the "
+         "model it evaluates and that evaluate and export use (section 6.1: 5 for base, 20 for big; 0: none)",
+         NON_NEGATIVE),  # fmt: skip
     Flag("eval_every", int, 0, "steps between dev BLEU evaluations (0: at the end only)", NON_NEGATIVE),
     Flag("eval_every_minutes", float, 0, "training minutes between dev BLEU evaluations (0: none), for a learning "
          "curve against time (training.learning_curve)", NON_NEGATIVE),  # fmt: skip

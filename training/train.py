@@ -34,6 +34,7 @@ from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from training import backends, data, evaluate, files, languages, supervisor  # noqa: E402
 from training.flags import MODEL_FIELDS, add_flags, apply_preset_and_check  # noqa: E402
+from training.average_checkpoints import average_checkpoints  # noqa: E402
 from training.run_folder import RunFolder, load_weights, step_of  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.selection import Selection  # noqa: E402
@@ -193,7 +194,7 @@ def train(args, strategy=None):
     batches = data.training_batches(tokenized, batch_tokens=batch_tokens, max_length=config.max_length,
                                     batch_multiple=backend.local_replicas, schedule=bucket_schedule)  # fmt: skip
     iterator = iter(batches)
-    latest, train_seconds = backend.restore(run, iterator, args.keep_checkpoints)
+    latest, train_seconds = backend.restore(run, iterator, max(args.keep_checkpoints, args.average_last))
     step = backend.step
     if latest:
         say(f"Resumed from {latest} at step {step}.")
@@ -263,12 +264,13 @@ def train(args, strategy=None):
         say(f"{dropped} training pairs longer than --max-length {config.max_length} were dropped.")
     tokenized.close()
     backend.sync_model()
+    averaged = _average(run, backend, args.average_last, say) if args.average_last else None
     backend.close()
     model = backend.model
     metrics = {"steps": step, "train_seconds": round(train_seconds, 1), "dropped_pairs": dropped, "backend": backend.name}
     # Every process evaluates, so that none ends (and leaves JAX's runtime) while another works on.
     if not args.no_evaluate:
-        if step == evaluated:  # the last step's model was evaluated on the dev split already
+        if step == evaluated and not averaged:  # the last step's model was evaluated on the dev split already
             metrics["dev_bleu"] = bleu
         elif all(corpus.text_pairs("dev", 1) for corpus in corpora.values()):
             metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpora, tagged, decoding, args.eval_sentences, dev_writer, step, say)
@@ -276,7 +278,7 @@ def train(args, strategy=None):
                 _select(selection, run, backend, step, metrics["dev_bleu"], args.keep_best)
         outputs = {pair: run.translations_path("test", pair) for pair in pairs} if backend.is_chief else None
         metrics.update(evaluate.evaluate_pairs(model, tokenizer, corpora, "test", decoding, tagged=tagged, output_paths=outputs))
-        metrics["checkpoint"] = run.checkpoints()[-1][1]
+        metrics["checkpoint"] = averaged or run.checkpoints()[-1][1]
         for name, of_pair in metrics.get("pairs", {}).items():
             say(f"{name}: test BLEU {of_pair['bleu']} (chrF {of_pair['chrf']}) on {of_pair['sentences']} sentences")
         mean = "Mean test BLEU" if len(pairs) > 1 else "Test BLEU"
@@ -286,6 +288,18 @@ def train(args, strategy=None):
         return model, None
     run.update_metrics(metrics)
     return model, metrics
+
+
+def _average(run, backend, last, say):
+    """The paper's model (section 6.1): the mean of the last `last` checkpoints, written into
+    DIR/averaged/ by process 0 and loaded into the backend's model by every process; its path."""
+    if backend.is_chief:
+        saved, paths = average_checkpoints(run.path, last)
+        say(f"Averaged the last {len(paths)} checkpoints (steps {', '.join(str(step_of(path)) for path in paths)}) into {saved}.")
+    backend.agree(0.0)  # every process waits for the file
+    saved = run.checkpoint("averaged")
+    load_weights(backend.model, saved)
+    return saved
 
 
 def _select(selection, run, backend, step, bleu, keep_best):
