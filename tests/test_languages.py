@@ -155,6 +155,32 @@ def test_several_pairs_come_from_the_built_in_corpus_a_folder_its_subfolders_and
         assert len(wmt[("en", "fr")].text_pairs("dev", 2)) == 2
 
 
+def test_the_pair_temperature_flag_sets_each_pairs_share_of_the_epoch_that_training_reads(tmp_path, monkeypatch):
+    """training.train, from its flags to the training split it reads (stopped there): of 40 en-de
+    pairs and 4 en-fr, an epoch reads the en-fr ones once each as their sizes give (T = 1), and
+    3 times each at T = 2 (`pair_weights`; `test_an_epoch_reads_each_pair_as_often_as_its_weight_asks`
+    reads such an epoch)."""
+    import training.train as train_module
+
+    class Split(Exception):
+        pass
+
+    def stop(run, text, *args, **kwargs):  # the split whose sample the tokenizer would learn from
+        raise Split(text)
+
+    monkeypatch.setattr(train_module, "get_tokenizer", stop)
+    for target, count in (("de", 40), ("fr", 4)):
+        _write(tmp_path / "data" / f"en-{target}", [(f"s{i}", f"{target}{i}") for i in range(count)], target, ("train",))
+    for extra, fr_reads in (([], 1), (["--pair-temperature", "2"], 3)):
+        args = train_module.parse_args(["--run-dir", str(tmp_path / f"run{len(extra)}"), "--dataset", str(tmp_path / "data"),
+                                        "--pairs", "en-de,en-fr", "--strategy", "cpu", *extra])  # fmt: skip
+        with pytest.raises(Split) as split:
+            train_module.train(args)
+        (text,) = split.value.args
+        assert isinstance(text, MultilingualShards)
+        assert text.pair_reads == {("en", "de"): 1, ("en", "fr"): fr_reads}
+
+
 def test_a_vocabulary_of_several_pairs_holds_their_tags_and_refuses_a_language_it_lacks():
     sentences = ["a dog sees a cat", "the red car", "hello world"] * 50
     several = Tokenizer(train_sentencepiece(sentences, 60, symbols=[tag("de"), tag("qaa")]))
