@@ -214,6 +214,24 @@ def test_several_pairs_are_evaluated_each_its_sources_tagged_beside_their_mean(m
     assert "pairs" not in one and one["bleu"] == 0.0  # untagged sources: not among the references
 
 
+def test_the_mean_over_pairs_is_their_plain_mean_whatever_their_sentence_counts(monkeypatch):
+    """A pair of 2 dev sentences weighs as much in the mean (what --keep-best and --early-stop
+    compare) as one of 12: here one translated perfectly, the other not at all."""
+    from training.data import Corpus
+
+    pairs = load_corpora("synthetic", "en", "de")[("en", "de")].text_pairs("dev", 14)
+    corpora = {("en", "de"): Corpus("big", "en", "de", pairs={"dev": pairs[:12]}),
+               ("en", "qaa"): Corpus("small", "en", "qaa", pairs={"dev": pairs[12:]})}  # fmt: skip
+    perfect = dict(pairs[:12])  # the big pair's sources translated as referenced; the small pair's not at all
+    translator = lambda sources: ([perfect.get(s, "?") for s in sources], [0.0] * len(sources))  # noqa: E731
+    monkeypatch.setattr(evaluate, "make_translator", lambda *args, **kwargs: translator)
+    metrics = evaluate.evaluate_pairs(None, None, corpora, "dev")
+    assert metrics["pairs"]["en-de"]["sentences"] == 12 and metrics["pairs"]["en-qaa"]["sentences"] == 2
+    assert [metrics["pairs"][name]["bleu"] for name in ("en-de", "en-qaa")] == [100.0, 0.0]
+    assert metrics["bleu"] == 50.0  # not 12 / 14 of 100
+    assert metrics["chrf"] == round((metrics["pairs"]["en-de"]["chrf"] + metrics["pairs"]["en-qaa"]["chrf"]) / 2, 2)
+
+
 @pytest.mark.slow
 def test_a_run_of_two_targets_resumes_records_each_pairs_dev_bleu_and_keeps_the_best_mean(artifacts):
     """The shared two-target run, stopped at step 60 and resumed: its evaluations at 40 and 80."""
