@@ -97,6 +97,15 @@ def test_a_one_language_export_of_a_tagged_run_puts_its_tag_in_front_of_each_sou
     assert _tags_read(translator.alignments(text)) == [("\u2581", "<2qaa>")] * 2  # as the model learned to read it
 
 
+def test_an_export_of_several_languages_writes_its_first_unless_a_request_asks_for_another(tmp_path, monkeypatch):
+    translator, metadata = _export_of_tagged_run(tmp_path, monkeypatch, "en-de,en-qaa")
+    assert (metadata["target_lang"], metadata["target_languages"]) == ("de", ["de", "qaa"])
+    text = tf.constant(SOURCES)
+    assert _tags_read(translator.alignments(text)) == [("\u2581", "<2de>")] * 2  # a request's that names none
+    asked = translator.alignments(text, target_language=tf.constant(["qaa", "de"]))
+    assert _tags_read(asked) == [("\u2581", "<2qaa>"), ("\u2581", "<2de>")]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_a_model_in_reduced_precision_decodes_as_float32_on_most_sentences(precision, reversal_model):
