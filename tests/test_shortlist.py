@@ -44,6 +44,48 @@ def test_candidates_are_the_sorted_union_of_the_sources_rows_the_always_list_spe
     assert np.asarray(to_vocabulary(np.array([[5, 4, 0]]), np.array(padded))).tolist() == [[8, 4, 0]]
 
 
+# Sources `[2, 3]` whose rows and the always list hold 4 + 3 + 2 * 3 * 2 = 19 different ids, as many
+# as `most_candidates` allows them: the specials, the always list and the vocabulary's 12 highest.
+BOUND_VOCAB, BOUND_ALWAYS = 64, np.array([4, 5, 6], "int32")
+BOUND_SOURCES = np.array([[10, 11, 12], [13, 14, 15]], "int32")
+BOUND_TABLE = np.zeros((BOUND_VOCAB, 2), "int32")
+BOUND_TABLE[10:16] = np.stack([np.arange(52, 58), np.arange(58, 64)], axis=1)
+BOUND_CANDIDATES = [0, 1, 2, 3, 4, 5, 6, *range(52, 64)]
+
+
+def test_a_request_with_as_many_candidates_as_the_static_bound_keeps_every_one():
+    size = most_candidates(BOUND_SOURCES.shape, BOUND_TABLE.shape[1], len(BOUND_ALWAYS), BOUND_VOCAB)
+    static = candidates(BOUND_SOURCES, BOUND_TABLE, BOUND_ALWAYS, size=size)
+    assert np.asarray(static).tolist() == BOUND_CANDIDATES  # the highest ids too, and no padding: the bound is reached
+    assert size == len(BOUND_CANDIDATES) < BOUND_VOCAB
+    # Beyond it (a forced token, which the export never gives with a static size): `size` ids, the
+    # lowest, as `candidates` orders them: the highest are left out, hence a bound counting every kind.
+    beyond = candidates(BOUND_SOURCES, BOUND_TABLE, BOUND_ALWAYS, forced=np.array([[7], [0]]), size=size)
+    assert np.asarray(beyond).tolist() == [*BOUND_CANDIDATES[:7], 7, *BOUND_CANDIDATES[7:-1]]
+
+
+def test_the_export_bounds_a_static_requests_candidates_by_its_table_and_always_list(monkeypatch):
+    """The served search of a request of a static shape (XLA's; eager here, whose shapes are
+    static too) over a shortlist: its candidates are every one of the request's. (Ids in, ids
+    out: no tokenizer.)"""
+    from export import serving
+
+    chosen = []
+
+    def spied(*args, **kwargs):
+        chosen.append(candidates(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(serving, "candidates", spied)
+    model = _model(BOUND_VOCAB, seed=25)
+    translator = serving.Translator(model, None, languages={"de": ""}, shortlist=(BOUND_TABLE, BOUND_ALWAYS))
+    result = translator._decode(decode, tf.constant(BOUND_SOURCES), DecodingSettings(max_length_b=2),
+                                execution=serving.SERVED_EXECUTION)  # fmt: skip
+    (vocabulary,) = chosen
+    assert np.asarray(vocabulary).tolist() == BOUND_CANDIDATES
+    assert set(np.asarray(result.tokens).ravel().tolist()) <= set(BOUND_CANDIDATES)
+
+
 class _Masked:
     """A `DecodingModel` that wraps a model and bans every token outside `vocabulary` (a set of
     ids) with `NEG_INF` over the whole vocabulary: the reference the shortlist's search must
