@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from keras_transformer.search import beam_search, decode, sample_search
 from keras_transformer.search import DecodingSettings, Execution
 from keras_transformer.search.shortlist import candidates, most_candidates, search_over, to_candidates, to_vocabulary
@@ -223,6 +223,46 @@ def test_ibm_model_1_gives_the_probabilities_of_the_textbook_algorithm_and_ranks
     np.testing.assert_allclose(probabilities, [expected[int(k // vocab), int(k % vocab)] for k in keys], rtol=1e-5)
     table = lexical.lexical_table(keys, probabilities, vocab, candidates=2)
     assert all(table[w][0] == w + 20 for w in words)
+
+
+def test_a_runs_table_maps_each_source_piece_to_the_target_pieces_it_translates_to(tmp_path, rng):
+    """`learn` on a run folder of a hand-made corpus: eight source words, each translated by its
+    own target word, in sentences of two to four words shuffled on the target side. Each source
+    word's row is itself and then its translation (not the other way round: a target word's row
+    is itself alone), and the always list is of target words."""
+    import sentencepiece
+
+    from training import shortlist as lexical
+    from training.run_folder import RunFolder
+    from training.tokenizer import Tokenizer, train_sentencepiece
+
+    words = dict(zip(["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"],
+                     ["uno", "dos", "tres", "cuatro", "cinco", "seis", "siete", "ocho"]))  # fmt: skip
+    pairs = []
+    for _ in range(300):
+        source = rng.choice(list(words), size=rng.integers(2, 5), replace=False)
+        pairs.append((" ".join(source), " ".join(words[w] for w in rng.permutation(source))))
+    data = tmp_path / "data"
+    data.mkdir()
+    for side, language in enumerate(("en", "xx")):
+        (data / f"train.{language}").write_text("".join(pair[side] + "\n" for pair in pairs))
+    run = RunFolder(str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    Tokenizer(train_sentencepiece([text for pair in pairs for text in pair], 80)).save(run.tokenizer_path)
+    settings = {"dataset": str(data), "source_lang": "en", "target_lang": "xx", "pairs": "en-xx", "seed": 0,
+                "dev_split": "dev", "test_split": "test"}  # fmt: skip
+    run.record_segment(TransformerConfig.tiny(80), settings, 0)
+    lexical.learn(run.path, candidates=3, always=4)
+    pieces = sentencepiece.SentencePieceProcessor(model_file=run.tokenizer_path)
+    table, always = lexical.read(run.shortlist_path, pieces)
+
+    def row(word):
+        return [pieces.id_to_piece(int(i)) for i in table[pieces.piece_to_id("\u2581" + word)] if i != PAD_ID]
+
+    for source, target in words.items():
+        assert row(source)[:2] == ["\u2581" + source, "\u2581" + target]
+        assert row(target) == ["\u2581" + target]
+    assert {pieces.id_to_piece(int(i)) for i in always} < {"\u2581" + target for target in words.values()}
 
 
 def test_a_table_of_another_vocabulary_is_refused_with_its_file_and_line(tmp_path, synthetic_sentencepiece):
