@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+import sacrebleu
 import tensorflow as tf
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
@@ -323,6 +324,14 @@ def test_an_export_with_a_shortlist_learns_the_runs_table_and_serves_the_library
     assert served["translation"].numpy().tolist() == tokenizer.detokenize(expected.tokens).numpy().tolist()
     np.testing.assert_allclose(served["score"], expected.scores, rtol=1e-5)
     assert len(np.asarray(vocabulary)) < pieces.get_piece_size() / 2  # the test scores fewer tokens
+    # Against the whole vocabulary's export on the test split, a sentence a request (its own
+    # candidates alone): nearly always the same translation, and the same BLEU within a point.
+    sources, references = (list(side) for side in zip(*run.load_corpus().text_pairs("test", 200)))
+    full = loaded_export(artifacts.exports[4]).translate(tf.constant(sources))["translation"].numpy()
+    shortlisted = [loaded.translate(tf.constant([source]))["translation"].numpy()[0] for source in sources]
+    assert np.mean([a == b for a, b in zip(shortlisted, full)]) >= 0.9
+    bleu = lambda translations: sacrebleu.corpus_bleu([t.decode() for t in translations], [references]).score  # noqa: E731
+    assert abs(bleu(shortlisted) - bleu(full)) <= 1.0, (bleu(shortlisted), bleu(full))
     # bench.real_serving's count of a request's candidates: requests of 5 sentences, counted in sets.
     from bench.real_serving import mean_candidates
 
