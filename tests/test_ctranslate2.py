@@ -106,14 +106,19 @@ def test_bad_input_is_named_and_a_missing_ctranslate2_says_how_to_install_it(tmp
         conversion.main(["--run-dir", str(tmp_path), "--out", str(tmp_path / "out")])
 
 
-def test_the_weights_map_one_to_one(tmp_path):
-    """A random model's logits, step by step, against CTranslate2's scores of a forced output."""
+def test_the_weights_map_one_to_one(tmp_path, rng):
+    """A random model's logits, step by step, against CTranslate2's scores of a forced output.
+    Every weight is random, the layer norms' and the biases too (a new model's are 1 and 0, alike
+    wherever they are), so that each must reach its own place."""
     _needs_ctranslate2()
     import ctranslate2
 
     from keras_transformer import BOS_ID, EOS_ID, Transformer, TransformerConfig
 
     model = Transformer(TransformerConfig.tiny(30, encoder_layers=2, decoder_layers=1, d_model=32, num_heads=4, d_ff=64))
+    for weight in model.weights:
+        if weight.path.endswith(("gamma", "beta", "bias")):
+            weight.assign(rng.normal(1.0 if weight.path.endswith("gamma") else 0.0, 0.5, weight.shape))
     vocabulary = ["<pad>", "<unk>", "<s>", "</s>", *(f"t{i}" for i in range(4, 30))]
     conversion.convert(model, str(tmp_path), vocabulary)
     source, target = [5, 9, 7, 12], [8, 6, 11]

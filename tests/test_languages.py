@@ -155,6 +155,32 @@ def test_several_pairs_come_from_the_built_in_corpus_a_folder_its_subfolders_and
         assert len(wmt[("en", "fr")].text_pairs("dev", 2)) == 2
 
 
+def test_the_pair_temperature_flag_sets_each_pairs_share_of_the_epoch_that_training_reads(tmp_path, monkeypatch):
+    """training.train, from its flags to the training split it reads (stopped there): of 40 en-de
+    pairs and 4 en-fr, an epoch reads the en-fr ones once each as their sizes give (T = 1), and
+    3 times each at T = 2 (`pair_weights`; `test_an_epoch_reads_each_pair_as_often_as_its_weight_asks`
+    reads such an epoch)."""
+    import training.train as train_module
+
+    class Split(Exception):
+        pass
+
+    def stop(run, text, *args, **kwargs):  # the split whose sample the tokenizer would learn from
+        raise Split(text)
+
+    monkeypatch.setattr(train_module, "get_tokenizer", stop)
+    for target, count in (("de", 40), ("fr", 4)):
+        _write(tmp_path / "data" / f"en-{target}", [(f"s{i}", f"{target}{i}") for i in range(count)], target, ("train",))
+    for extra, fr_reads in (([], 1), (["--pair-temperature", "2"], 3)):
+        args = train_module.parse_args(["--run-dir", str(tmp_path / f"run{len(extra)}"), "--dataset", str(tmp_path / "data"),
+                                        "--pairs", "en-de,en-fr", "--strategy", "cpu", *extra])  # fmt: skip
+        with pytest.raises(Split) as split:
+            train_module.train(args)
+        (text,) = split.value.args
+        assert isinstance(text, MultilingualShards)
+        assert text.pair_reads == {("en", "de"): 1, ("en", "fr"): fr_reads}
+
+
 def test_a_vocabulary_of_several_pairs_holds_their_tags_and_refuses_a_language_it_lacks():
     sentences = ["a dog sees a cat", "the red car", "hello world"] * 50
     several = Tokenizer(train_sentencepiece(sentences, 60, symbols=[tag("de"), tag("qaa")]))
@@ -186,6 +212,24 @@ def test_several_pairs_are_evaluated_each_its_sources_tagged_beside_their_mean(m
     assert (tmp_path / "qaa.txt").read_text().splitlines()[1] == corpora[("en", "qaa")].text_pairs("dev", 2)[1][1]
     one = evaluate.evaluate_pairs(None, None, {("en", "de"): corpora[("en", "de")]}, "dev", limit=20)
     assert "pairs" not in one and one["bleu"] == 0.0  # untagged sources: not among the references
+
+
+def test_the_mean_over_pairs_is_their_plain_mean_whatever_their_sentence_counts(monkeypatch):
+    """A pair of 2 dev sentences weighs as much in the mean (what --keep-best and --early-stop
+    compare) as one of 12: here one translated perfectly, the other not at all."""
+    from training.data import Corpus
+
+    pairs = load_corpora("synthetic", "en", "de")[("en", "de")].text_pairs("dev", 14)
+    corpora = {("en", "de"): Corpus("big", "en", "de", pairs={"dev": pairs[:12]}),
+               ("en", "qaa"): Corpus("small", "en", "qaa", pairs={"dev": pairs[12:]})}  # fmt: skip
+    perfect = dict(pairs[:12])  # the big pair's sources translated as referenced; the small pair's not at all
+    translator = lambda sources: ([perfect.get(s, "?") for s in sources], [0.0] * len(sources))  # noqa: E731
+    monkeypatch.setattr(evaluate, "make_translator", lambda *args, **kwargs: translator)
+    metrics = evaluate.evaluate_pairs(None, None, corpora, "dev")
+    assert metrics["pairs"]["en-de"]["sentences"] == 12 and metrics["pairs"]["en-qaa"]["sentences"] == 2
+    assert [metrics["pairs"][name]["bleu"] for name in ("en-de", "en-qaa")] == [100.0, 0.0]
+    assert metrics["bleu"] == 50.0  # not 12 / 14 of 100
+    assert metrics["chrf"] == round((metrics["pairs"]["en-de"]["chrf"] + metrics["pairs"]["en-qaa"]["chrf"]) / 2, 2)
 
 
 @pytest.mark.slow

@@ -1,4 +1,8 @@
-"""export/serving.py's parts that need no trained run: the parallel searches of a served graph."""
+"""export/serving.py's parts that need no trained run: the parallel searches of a served graph,
+the target-language tag in front of each source that an export of a tagged run serves."""
+
+import json
+import os
 
 import keras
 import numpy as np
@@ -8,6 +12,7 @@ import tensorflow as tf
 from export.serving import SERVED_EXECUTION, in_parallel
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.search import DecodingSettings, decode
+from training.languages import tag, tagged
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
@@ -37,6 +42,68 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
             assert result.tokens.shape == expected.tokens.shape, name
             np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg=name)
             np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg=name)
+
+
+SOURCES = ["a dog sees a cat", "the red car"]
+
+
+def _export_of_tagged_run(tmp_path, monkeypatch, pairs):
+    """What `export.saved_model.export` serves of a run of `pairs` ("en-de,en-qaa", or one pair
+    of such a run, fine-tuned onto it with --init-from) whose vocabulary has the tags of de and
+    qaa, a random tiny model: (its `Translator`, its metadata.json). Stopped at the SavedModel's
+    save, which traces every signature (many seconds)."""
+    from export import saved_model
+    from training.run_folder import RunFolder
+    from training.tokenizer import Tokenizer, train_sentencepiece
+
+    class Saved(Exception):
+        pass
+
+    sentences = [tagged(text, language) for text in SOURCES for language in ("de", "qaa")]
+    tokenizer = Tokenizer(train_sentencepiece(sentences * 50, 60, symbols=[tag("de"), tag("qaa")]))
+    run = RunFolder(str(tmp_path / "run"))
+    os.makedirs(run.path)
+    tokenizer.save(run.tokenizer_path)
+    config = TransformerConfig.tiny(tokenizer.vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_length=16)
+    source, target = pairs.split(",")[0].split("-")
+    run.record_segment(config, {"dataset": "synthetic", "source_lang": source, "target_lang": target, "pairs": pairs,
+                                "seed": 0}, 0)  # fmt: skip
+    checkpoint = str(tmp_path / "ckpt-1.weights.h5")
+    Transformer(config).save_weights(checkpoint)
+    saved = {}
+
+    def save(translator, path, signatures):
+        with open(os.path.join(os.path.dirname(path), "_assets", "metadata.json")) as f:
+            saved.update(translator=translator, metadata=json.load(f))
+        raise Saved
+
+    monkeypatch.setattr(tf.saved_model, "save", save)
+    with pytest.raises(Saved):
+        saved_model.export(run.path, str(tmp_path / "exports"), DecodingSettings(beam_size=1, max_length_b=2),
+                           checkpoint=checkpoint, searches=1)  # fmt: skip
+    return saved["translator"], saved["metadata"]
+
+
+def _tags_read(result):
+    """The first two pieces of each source that an `alignments` result says the model read: the
+    word boundary of SentencePiece and the tag, for a source asking for a language."""
+    return [tuple(piece.decode() for piece in row[:2]) for row in result["source_pieces"].numpy()]
+
+
+def test_a_one_language_export_of_a_tagged_run_puts_its_tag_in_front_of_each_source(tmp_path, monkeypatch):
+    translator, metadata = _export_of_tagged_run(tmp_path, monkeypatch, "en-qaa")
+    assert (metadata["pairs"], metadata["target_languages"]) == (["en-qaa"], ["qaa"])
+    text = tf.constant(SOURCES)
+    assert _tags_read(translator.alignments(text)) == [("\u2581", "<2qaa>")] * 2  # as the model learned to read it
+
+
+def test_an_export_of_several_languages_writes_its_first_unless_a_request_asks_for_another(tmp_path, monkeypatch):
+    translator, metadata = _export_of_tagged_run(tmp_path, monkeypatch, "en-de,en-qaa")
+    assert (metadata["target_lang"], metadata["target_languages"]) == ("de", ["de", "qaa"])
+    text = tf.constant(SOURCES)
+    assert _tags_read(translator.alignments(text)) == [("\u2581", "<2de>")] * 2  # a request's that names none
+    asked = translator.alignments(text, target_language=tf.constant(["qaa", "de"]))
+    assert _tags_read(asked) == [("\u2581", "<2qaa>"), ("\u2581", "<2de>")]
 
 
 @pytest.mark.slow

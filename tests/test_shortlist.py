@@ -5,9 +5,10 @@ import itertools
 
 import numpy as np
 import pytest
+import sacrebleu
 import tensorflow as tf
 
-from keras_transformer import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from keras_transformer.search import beam_search, decode, sample_search
 from keras_transformer.search import DecodingSettings, Execution
 from keras_transformer.search.shortlist import candidates, most_candidates, search_over, to_candidates, to_vocabulary
@@ -42,6 +43,48 @@ def test_candidates_are_the_sorted_union_of_the_sources_rows_the_always_list_spe
     static = candidates(sources, TABLE, ALWAYS, forced=np.array([[9, 0], [0, 0]]), size=size)
     assert size == VOCAB and np.asarray(static).tolist() == expected + [0] * (size - len(expected))
     assert np.asarray(to_vocabulary(np.array([[5, 4, 0]]), np.array(padded))).tolist() == [[8, 4, 0]]
+
+
+# Sources `[2, 3]` whose rows and the always list hold 4 + 3 + 2 * 3 * 2 = 19 different ids, as many
+# as `most_candidates` allows them: the specials, the always list and the vocabulary's 12 highest.
+BOUND_VOCAB, BOUND_ALWAYS = 64, np.array([4, 5, 6], "int32")
+BOUND_SOURCES = np.array([[10, 11, 12], [13, 14, 15]], "int32")
+BOUND_TABLE = np.zeros((BOUND_VOCAB, 2), "int32")
+BOUND_TABLE[10:16] = np.stack([np.arange(52, 58), np.arange(58, 64)], axis=1)
+BOUND_CANDIDATES = [0, 1, 2, 3, 4, 5, 6, *range(52, 64)]
+
+
+def test_a_request_with_as_many_candidates_as_the_static_bound_keeps_every_one():
+    size = most_candidates(BOUND_SOURCES.shape, BOUND_TABLE.shape[1], len(BOUND_ALWAYS), BOUND_VOCAB)
+    static = candidates(BOUND_SOURCES, BOUND_TABLE, BOUND_ALWAYS, size=size)
+    assert np.asarray(static).tolist() == BOUND_CANDIDATES  # the highest ids too, and no padding: the bound is reached
+    assert size == len(BOUND_CANDIDATES) < BOUND_VOCAB
+    # Beyond it (a forced token, which the export never gives with a static size): `size` ids, the
+    # lowest, as `candidates` orders them: the highest are left out, hence a bound counting every kind.
+    beyond = candidates(BOUND_SOURCES, BOUND_TABLE, BOUND_ALWAYS, forced=np.array([[7], [0]]), size=size)
+    assert np.asarray(beyond).tolist() == [*BOUND_CANDIDATES[:7], 7, *BOUND_CANDIDATES[7:-1]]
+
+
+def test_the_export_bounds_a_static_requests_candidates_by_its_table_and_always_list(monkeypatch):
+    """The served search of a request of a static shape (XLA's; eager here, whose shapes are
+    static too) over a shortlist: its candidates are every one of the request's. (Ids in, ids
+    out: no tokenizer.)"""
+    from export import serving
+
+    chosen = []
+
+    def spied(*args, **kwargs):
+        chosen.append(candidates(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(serving, "candidates", spied)
+    model = _model(BOUND_VOCAB, seed=25)
+    translator = serving.Translator(model, None, languages={"de": ""}, shortlist=(BOUND_TABLE, BOUND_ALWAYS))
+    result = translator._decode(decode, tf.constant(BOUND_SOURCES), DecodingSettings(max_length_b=2),
+                                execution=serving.SERVED_EXECUTION)  # fmt: skip
+    (vocabulary,) = chosen
+    assert np.asarray(vocabulary).tolist() == BOUND_CANDIDATES
+    assert set(np.asarray(result.tokens).ravel().tolist()) <= set(BOUND_CANDIDATES)
 
 
 class _Masked:
@@ -183,6 +226,46 @@ def test_ibm_model_1_gives_the_probabilities_of_the_textbook_algorithm_and_ranks
     assert all(table[w][0] == w + 20 for w in words)
 
 
+def test_a_runs_table_maps_each_source_piece_to_the_target_pieces_it_translates_to(tmp_path, rng):
+    """`learn` on a run folder of a hand-made corpus: eight source words, each translated by its
+    own target word, in sentences of two to four words shuffled on the target side. Each source
+    word's row is itself and then its translation (not the other way round: a target word's row
+    is itself alone), and the always list is of target words."""
+    import sentencepiece
+
+    from training import shortlist as lexical
+    from training.run_folder import RunFolder
+    from training.tokenizer import Tokenizer, train_sentencepiece
+
+    words = dict(zip(["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"],
+                     ["uno", "dos", "tres", "cuatro", "cinco", "seis", "siete", "ocho"]))  # fmt: skip
+    pairs = []
+    for _ in range(300):
+        source = rng.choice(list(words), size=rng.integers(2, 5), replace=False)
+        pairs.append((" ".join(source), " ".join(words[w] for w in rng.permutation(source))))
+    data = tmp_path / "data"
+    data.mkdir()
+    for side, language in enumerate(("en", "xx")):
+        (data / f"train.{language}").write_text("".join(pair[side] + "\n" for pair in pairs))
+    run = RunFolder(str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    Tokenizer(train_sentencepiece([text for pair in pairs for text in pair], 80)).save(run.tokenizer_path)
+    settings = {"dataset": str(data), "source_lang": "en", "target_lang": "xx", "pairs": "en-xx", "seed": 0,
+                "dev_split": "dev", "test_split": "test"}  # fmt: skip
+    run.record_segment(TransformerConfig.tiny(80), settings, 0)
+    lexical.learn(run.path, candidates=3, always=4)
+    pieces = sentencepiece.SentencePieceProcessor(model_file=run.tokenizer_path)
+    table, always = lexical.read(run.shortlist_path, pieces)
+
+    def row(word):
+        return [pieces.id_to_piece(int(i)) for i in table[pieces.piece_to_id("\u2581" + word)] if i != PAD_ID]
+
+    for source, target in words.items():
+        assert row(source)[:2] == ["\u2581" + source, "\u2581" + target]
+        assert row(target) == ["\u2581" + target]
+    assert {pieces.id_to_piece(int(i)) for i in always} < {"\u2581" + target for target in words.values()}
+
+
 def test_a_table_of_another_vocabulary_is_refused_with_its_file_and_line(tmp_path, synthetic_sentencepiece):
     import sentencepiece
 
@@ -241,6 +324,14 @@ def test_an_export_with_a_shortlist_learns_the_runs_table_and_serves_the_library
     assert served["translation"].numpy().tolist() == tokenizer.detokenize(expected.tokens).numpy().tolist()
     np.testing.assert_allclose(served["score"], expected.scores, rtol=1e-5)
     assert len(np.asarray(vocabulary)) < pieces.get_piece_size() / 2  # the test scores fewer tokens
+    # Against the whole vocabulary's export on the test split, a sentence a request (its own
+    # candidates alone): nearly always the same translation, and the same BLEU within a point.
+    sources, references = (list(side) for side in zip(*run.load_corpus().text_pairs("test", 200)))
+    full = loaded_export(artifacts.exports[4]).translate(tf.constant(sources))["translation"].numpy()
+    shortlisted = [loaded.translate(tf.constant([source]))["translation"].numpy()[0] for source in sources]
+    assert np.mean([a == b for a, b in zip(shortlisted, full)]) >= 0.9
+    bleu = lambda translations: sacrebleu.corpus_bleu([t.decode() for t in translations], [references]).score  # noqa: E731
+    assert abs(bleu(shortlisted) - bleu(full)) <= 1.0, (bleu(shortlisted), bleu(full))
     # bench.real_serving's count of a request's candidates: requests of 5 sentences, counted in sets.
     from bench.real_serving import mean_candidates
 

@@ -162,6 +162,8 @@ def test_a_resume_refuses_another_run_reports_what_changes_the_math_and_keeps_ea
         run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "dataset": "tfds:x"})
     with pytest.raises(ValueError, match=r"pairs: 'en-de' in .*training.json, 'en-de,en-qaa' now"):
         run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "pairs": "en-de,en-qaa"})
+    with pytest.raises(ValueError, match=r"pair_temperature: 1.0 in .*training.json, 5.0 now"):  # the mix of the data
+        run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "pair_temperature": 5.0})
     with pytest.raises(ValueError, match=r"processes: 1 in .*training.json, 2 now\).*\(and number of processes\)"):
         run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "processes": 2})
     with pytest.raises(ValueError, match=r"trained under tensorflow .* resume it with KERAS_BACKEND=tensorflow"):
