@@ -1,6 +1,7 @@
 """The paper's WMT14 English -> German recipe end to end, as README.md gives it: 25,000-token
 updates (accumulated on fewer than 8 devices), a checkpoint every 10 minutes, the last 5 averaged
-(20 for big), newstest2014 with beam 4 and alpha 0.6, cased sacreBLEU and the paper's `bleu_paper`.
+(20 for big: the preset's `average_last`), newstest2014 with beam 4 and alpha 0.6, cased sacreBLEU
+and the paper's `bleu_paper`.
 
     python -m bench.wmt14_recipe --data DIR --max-minutes 20                  # WMT-shaped text files
     python -m bench.wmt14_recipe --data ../shared/data/newstest2014 --max-minutes 20
@@ -21,22 +22,20 @@ import time
 from bench.common import emit, peak_rss_mb
 from keras_transformer.config import PRESETS, paper_accumulate_steps
 from training import evaluate, train
-from training.average_checkpoints import average_checkpoints
 from training.run_folder import RunFolder
 
 DATASET = "tfds:wmt14_translate/de-en"  # test: newstest2014, 3,003 lines; dev: newstest2013
-AVERAGE_LAST = {"base": 5, "big": 20}  # section 6.1
+RECIPES = ("base", "big")
 
 
 def train_flags(config="base", devices=8, dataset=DATASET, checkpoint_minutes=10):
     """`training.train`'s flags for the paper's run of `config` on `devices` GPUs or TPU chips
     (add --run-dir, and --backend jax --strategy tpu on TPUs): the step rule only at the run's
-    last update, so that the clock's rule writes the checkpoints that are averaged."""
+    last update, so that the clock's rule writes the checkpoints that training averages at its end."""
     return ["--config", config, "--dataset", dataset, "--source-lang", "en", "--target-lang", "de",
             "--accumulate-steps", str(paper_accumulate_steps(devices)), "--mixed-precision",
             "--checkpoint-every", str(PRESETS[config]["training"]["steps"]),
-            "--checkpoint-every-minutes", str(checkpoint_minutes),
-            "--keep-checkpoints", str(AVERAGE_LAST[config]), "--no-evaluate"]  # fmt: skip
+            "--checkpoint-every-minutes", str(checkpoint_minutes), "--no-evaluate"]  # fmt: skip
 
 
 # On this machine's CPUs (the module docstring).
@@ -62,7 +61,7 @@ def main(argv=None):
                                      allow_abbrev=False)  # fmt: skip
     parser.add_argument("--data", required=True, help="a folder of train/dev/test.{en,de}, or of newstest2014.{en,de}")
     parser.add_argument("--run-dir", help="where the run goes (default: a temporary folder)")
-    parser.add_argument("--recipe", default="base", choices=sorted(AVERAGE_LAST), help="the paper's base or big run")
+    parser.add_argument("--recipe", default="base", choices=RECIPES, help="the paper's base or big run")
     parser.add_argument("--devices", type=int, default=1, help="the devices the recipe is for (its accumulation)")
     parser.add_argument("--max-minutes", type=float, default=20.0, help="the training budget")
     parser.add_argument("--limit", type=int, default=100, help="test sentences translated")
@@ -79,8 +78,6 @@ def main(argv=None):
         run = RunFolder(run_dir)
         metrics = run.metrics()
         checkpoints = [step for step, _ in run.checkpoints()]
-        _, averaged = average_checkpoints(run_dir, last=AVERAGE_LAST[args.recipe])
-        print(f"python -m training.average_checkpoints --run-dir {run_dir} --last {AVERAGE_LAST[args.recipe]}", flush=True)
         evaluation = ["--run-dir", run_dir, "--limit", str(args.limit), "--no-xla"]
         print("python -m training.evaluate", " ".join(evaluation), flush=True)
         start = time.perf_counter()
@@ -92,7 +89,7 @@ def main(argv=None):
               "accumulate_steps": paper_accumulate_steps(args.devices), "updates": metrics["steps"],
               "seconds_per_update": round(metrics["train_seconds"] / max(1, metrics["steps"]), 2),
               "train_wall_seconds": round(train_wall, 1), "checkpoints": checkpoints,
-              "averaged": [os.path.basename(path) for path in averaged], "test_sentences": scores["sentences"],
+              "averaged": metrics["averaged_checkpoints"], "test_sentences": scores["sentences"],
               "bleu": scores["bleu"], "signature": scores["signature"], "bleu_paper": scores.get("bleu_paper"),
               "bleu_paper_signature": scores.get("bleu_paper_signature"),
               "evaluate_wall_seconds": round(evaluate_wall, 1), "peak_rss_mb": round(peak_rss_mb())})  # fmt: skip
