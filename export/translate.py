@@ -60,7 +60,7 @@ def main(argv=None):
     asked = [signature for signature in SIGNATURES if signature.asked(args)] or [SIGNATURES[0]]
     try:
         if len(asked) > 1:  # the decoding options and another signature's flag
-            other = next(signature.flag[0] for signature in asked if signature.flag)
+            other = next(signature.flag for signature in asked if signature.flag)
             raise ValueError(f"decoding options apply to plain translations (the options signature), not with {other}.")
         (signature,) = asked
         export_dir = resolve(args.export_dir)
