@@ -26,6 +26,7 @@ import os
 
 import tensorflow as tf
 
+from export.layout import TARGET_LANGUAGES
 from export.signatures import SIGNATURES
 from keras_transformer.common import NEG_INF, PAD_ID
 from keras_transformer.search import OPTIONS, DecodingSettings, Execution, alignments, decode, sample_search
@@ -102,7 +103,7 @@ class Translator(tf.Module):
     @property
     def choices(self):
         """{metadata.json key: the export's values} for the inputs that pick one (`Input.choices`)."""
-        return {"target_languages": tuple(self.languages)}
+        return {TARGET_LANGUAGES: tuple(self.languages)}
 
     def _translate(self, text, target_language=None):
         result = self._translate_ids(self._source_ids(text, target_language))

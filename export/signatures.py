@@ -23,7 +23,7 @@ quiet_tensorflow()  # `python -m export.signatures` is a command
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from export.layout import read_metadata  # noqa: E402
+from export.layout import TARGET_LANGUAGES, read_metadata  # noqa: E402
 from keras_transformer.search import OPTIONS, SAMPLING_OPTIONS  # noqa: E402
 from keras_transformer.search.flags import flag_of  # noqa: E402
 from keras_transformer.search.settings import INT32, Kind  # noqa: E402
@@ -119,7 +119,7 @@ INPUTS = (
     Input("prefix", STRING, 'for each sentence, the start of its translation; `""` for none', warmup=b""),
     Input("target", STRING, "a translation of each sentence"),
     Input("target_language", STRING, "in an export of several target languages, the language to write for each "
-          "sentence", choices="target_languages"),  # fmt: skip
+          "sentence", choices=TARGET_LANGUAGES),  # fmt: skip
     *(option_input(option) for option in OPTIONS),
 )  # fmt: skip
 INPUT = {row.name: row for row in INPUTS}
