@@ -150,8 +150,7 @@ class Translator(tf.Module):
         """`serving_default` with the decoding options of `OPTIONS` (`values`, by name), each a
         value per sentence (or one for all); the export's where a request gives none."""
         source_ids = self._source_ids(text, target_language, max_length=None)  # cut below, at the request's limit or the model's
-        options = {option.name: self._pieces_of_phrases(values[option.name]) if option.kind.tokenized else values[option.name]
-                   for option in OPTIONS}  # fmt: skip
+        options = {option.name: option.kind.from_served(values[option.name], self._pieces_of_phrases) for option in OPTIONS}
         limit = options.pop("max_input_length")
         limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
         source_ids, was_cut = cut(source_ids, limit)  # cut here, not again per slice
@@ -175,13 +174,9 @@ class Translator(tf.Module):
         sentence. An option's is the export's decoding setting; a choice's, the export's first."""
         if row.choices:
             return tf.constant([self.choices[row.choices][0]])
-        option = row.option
-        value = getattr(self.settings, option.name)
-        if not option.kind.tokenized:
-            return tf.constant([value], option.kind.served_dtype)
-        if not value:
-            return tf.zeros([1, 0], tf.string)
-        return self.tokenizer.detokenize(tf.ragged.constant([list(sequence) for sequence in value]))[None]
+        kind = row.option.kind
+        detokenize = lambda ids: self.tokenizer.detokenize(tf.ragged.constant(ids)).numpy()  # noqa: E731
+        return tf.constant(kind.served_default(getattr(self.settings, row.option.name), detokenize), kind.served_dtype)
 
     def _checked(self, method, inputs):
         """`method` with its inputs (rows of `INPUTS`) checked before it runs: each is valid by its
