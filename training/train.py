@@ -33,7 +33,7 @@ import tensorflow as tf  # noqa: E402
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from training import backends, data, evaluate, files, languages, supervisor  # noqa: E402
-from training.flags import MODEL_FIELDS, add_flags, apply_preset_and_check  # noqa: E402
+from training.flags import MODEL_FIELDS, add_flags, apply_preset_and_check, corpus_options  # noqa: E402
 from training.run_folder import RunFolder, load_weights, step_of  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.selection import Selection  # noqa: E402
@@ -149,8 +149,7 @@ def train(args, strategy=None):
     keras.utils.set_random_seed(args.seed)
 
     run = RunFolder(args.run_dir)
-    corpora = languages.load_corpora(args.dataset, args.source_lang, args.target_lang, args.pairs, dev_split=args.dev_split,
-                                     test_split=args.test_split, data_dir=args.data_dir, seed=args.seed)  # fmt: skip
+    corpora = languages.load_corpora(args.dataset, args.source_lang, args.target_lang, args.pairs, **corpus_options(vars(args)))
     pairs = tuple(corpora)
     origin = initial_checkpoint(args.init_from, run, backend.is_chief, pairs) if args.init_from else None
 
