@@ -20,7 +20,7 @@ from export.saved_model import PRECISIONS, export  # noqa: E402
 from export.serving import PARALLEL_SEARCHES  # noqa: E402
 from export.xla import CompiledShapes  # noqa: E402
 from keras_transformer.search import DecodingSettings  # noqa: E402
-from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
+from keras_transformer.search.flags import add_decoding_flags, decoding_settings, needs_tokenizer  # noqa: E402
 from training.run_folder import RunFolder  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def main(argv=None):
                         "GPUs (softmax, logits and scores stay float32)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        tokenizer = RunFolder(args.run_dir).load_tokenizer() if args.suppress_sequences else None
+        tokenizer = RunFolder(args.run_dir).load_tokenizer() if needs_tokenizer(args) else None
         settings = decoding_settings(args, tokenizer, alignment_layer=args.alignment_layer)
         shapes = CompiledShapes(args.xla_batch_sizes, args.xla_source_lengths) if args.xla else None
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from export.layout import METADATA, WARMUP_REQUESTS
+from export.layout import METADATA, TARGET_LANGUAGES, WARMUP_REQUESTS
 from export.serving import PARALLEL_SEARCHES, Translator
 from export.signatures import SIGNATURES
 from keras_transformer import Transformer
@@ -149,7 +149,7 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
             "source_lang": run_settings["source_lang"],
             "target_lang": run_settings["target_lang"],
             "pairs": run_settings["pairs"].split(","),
-            "target_languages": list(served),
+            TARGET_LANGUAGES: list(served),
             "dataset": run_settings["dataset"],
             "vocab_size": model.config.vocab_size,
             **dataclasses.asdict(settings),

@@ -26,9 +26,11 @@ import os
 
 import tensorflow as tf
 
+from export.layout import TARGET_LANGUAGES
 from export.signatures import SIGNATURES
 from keras_transformer.common import NEG_INF, PAD_ID
-from keras_transformer.search import OPTIONS, DecodingSettings, Execution, alignments, decode, sample_search
+from keras_transformer.search import (OPTIONS, DecodingSettings, Execution, SamplingSettings, alignments, decode,
+                                      sample_search)  # fmt: skip
 from keras_transformer.search import score as score_translations
 from keras_transformer.search.input_length import cut
 from keras_transformer.search.loop import graph_function
@@ -102,7 +104,7 @@ class Translator(tf.Module):
     @property
     def choices(self):
         """{metadata.json key: the export's values} for the inputs that pick one (`Input.choices`)."""
-        return {"target_languages": tuple(self.languages)}
+        return {TARGET_LANGUAGES: tuple(self.languages)}
 
     def _translate(self, text, target_language=None):
         result = self._translate_ids(self._source_ids(text, target_language))
@@ -140,17 +142,18 @@ class Translator(tf.Module):
             result = self._search(self.settings, source_ids, prefix_ids)
         return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
 
-    def _sample(self, text, samples, temperature, top_k, top_p, seed, target_language=None):
+    def _sample(self, text, samples, seed, target_language=None, **sampling):
+        """`samples` translations of each sentence drawn with the inputs of `SAMPLING_OPTIONS`
+        (`sampling`, by name, a value per sentence)."""
         width = tf.reduce_max(tf.concat([samples, [0]], axis=0))
-        result = self._sampled(self._source_ids(text, target_language), seed, temperature, top_k, top_p, width)
+        result = self._sampled(self._source_ids(text, target_language), seed, SamplingSettings(**sampling), width)
         return self._lists(result, samples)
 
     def _options(self, text, target_language=None, **values):
         """`serving_default` with the decoding options of `OPTIONS` (`values`, by name), each a
         value per sentence (or one for all); the export's where a request gives none."""
         source_ids = self._source_ids(text, target_language, max_length=None)  # cut below, at the request's limit or the model's
-        options = {option.name: self._pieces_of_phrases(values[option.name]) if option.kind.tokenized else values[option.name]
-                   for option in OPTIONS}  # fmt: skip
+        options = {option.name: option.kind.from_served(values[option.name], self._pieces_of_phrases) for option in OPTIONS}
         limit = options.pop("max_input_length")
         limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
         source_ids, was_cut = cut(source_ids, limit)  # cut here, not again per slice
@@ -174,13 +177,9 @@ class Translator(tf.Module):
         sentence. An option's is the export's decoding setting; a choice's, the export's first."""
         if row.choices:
             return tf.constant([self.choices[row.choices][0]])
-        option = row.option
-        value = getattr(self.settings, option.name)
-        if not option.kind.tokenized:
-            return tf.constant([value], option.kind.served_dtype)
-        if not value:
-            return tf.zeros([1, 0], tf.string)
-        return self.tokenizer.detokenize(tf.ragged.constant([list(sequence) for sequence in value]))[None]
+        kind = row.option.kind
+        detokenize = lambda ids: self.tokenizer.detokenize(tf.ragged.constant(ids)).numpy()  # noqa: E731
+        return tf.constant(kind.served_default(getattr(self.settings, row.option.name), detokenize), kind.served_dtype)
 
     def _checked(self, method, inputs):
         """`method` with its inputs (rows of `INPUTS`) checked before it runs: each is valid by its
@@ -269,17 +268,22 @@ class Translator(tf.Module):
         inputs = (source_ids, target_prefix) if prefixed else (source_ids,)
         return in_parallel(self._function((settings, prefixed), search, [IDS_SPEC] * len(inputs)), inputs, self.searches)
 
-    def _sampled(self, source_ids, seed, temperature, top_k, top_p, samples):
-        def sample(ids, seed, temperature, top_k, top_p, samples):
+    def _sampled(self, source_ids, seed, sampling, samples):
+        """`sample_search` of `samples` (an int32 scalar) outputs of each sentence, with its `seed`
+        and `sampling` (a `SamplingSettings` of a value per sentence)."""
+        names = [field.name for field in dataclasses.fields(sampling)]
+
+        def sample(ids, seed, *rest):  # rest: the values of `names`, then `samples`
+            *values, samples = rest
+
             def draw(model, ids, settings, target_prefix=None):
-                return sample_search(model, ids, seed, settings, num_samples=samples, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, execution=SERVED_EXECUTION)  # fmt: skip
+                return sample_search(model, ids, seed, settings, num_samples=samples, execution=SERVED_EXECUTION,
+                                     **dict(zip(names, values)))  # fmt: skip
 
             return self._decode(draw, ids, self.settings)
 
-        specs = [IDS_SPEC, *(tf.TensorSpec([None], value.dtype) for value in (seed, temperature, top_k, top_p)),
-                 tf.TensorSpec([], tf.int32)]  # fmt: skip
-        batched = (source_ids, seed, temperature, top_k, top_p)  # one row per sentence
+        batched = (source_ids, seed, *(getattr(sampling, name) for name in names))  # one row per sentence
+        specs = [IDS_SPEC, *(tf.TensorSpec([None], value.dtype) for value in batched[1:]), tf.TensorSpec([], tf.int32)]
         return in_parallel(self._function("sample", sample, specs), batched, self.searches, shared=(samples,))
 
     def _decode(self, search, ids, settings, target_prefix=None, **kwargs):

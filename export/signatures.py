@@ -23,7 +23,7 @@ quiet_tensorflow()  # `python -m export.signatures` is a command
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from export.layout import read_metadata  # noqa: E402
+from export.layout import TARGET_LANGUAGES, read_metadata  # noqa: E402
 from keras_transformer.search import OPTIONS, SAMPLING_OPTIONS  # noqa: E402
 from keras_transformer.search.flags import flag_of  # noqa: E402
 from keras_transformer.search.settings import INT32, Kind  # noqa: E402
@@ -119,7 +119,7 @@ INPUTS = (
     Input("prefix", STRING, 'for each sentence, the start of its translation; `""` for none', warmup=b""),
     Input("target", STRING, "a translation of each sentence"),
     Input("target_language", STRING, "in an export of several target languages, the language to write for each "
-          "sentence", choices="target_languages"),  # fmt: skip
+          "sentence", choices=TARGET_LANGUAGES),  # fmt: skip
     *(option_input(option) for option in OPTIONS),
 )  # fmt: skip
 INPUT = {row.name: row for row in INPUTS}
@@ -178,18 +178,23 @@ class Signature:
         rows += [row.row() for row in (*self.inputs, *self.outputs)]
         return "\n".join(rows) + "\n"
 
-    # export.translate: the flag that asks for it (its name and argparse keywords; `group` holds
-    # the flags of which one may be given), whether the flags ask for it, the checks made before
-    # the model is loaded (ValueError; what requests need is read into `args`), a batch's inputs,
-    # and the lines printed for a result (NumPy arrays).
-    flag = None
+    # export.translate: the setting that asks for it (its name in `args`, whose flag is `flag_of`
+    # it, and argparse keywords; `group` holds the flags of which one may be given), whether the
+    # flags ask for it, the checks made before the model is loaded (ValueError; what requests
+    # need is read into `args`), a batch's inputs, and the lines printed for a result (NumPy
+    # arrays).
+    setting = None
+
+    @property
+    def flag(self):
+        return flag_of(self.setting[0]) if self.setting else None
 
     def add_flags(self, parser, group):
-        if self.flag:
-            group.add_argument(self.flag[0], **self.flag[1])
+        if self.setting:
+            group.add_argument(self.flag, **self.setting[1])
 
     def asked(self, args):
-        return bool(self.flag) and getattr(args, self.flag[0][2:].replace("-", "_")) not in (None, False, "")
+        return bool(self.setting) and getattr(args, self.setting[0]) not in (None, False, "")
 
     def prepare(self, args, export_dir, sentences):
         pass
@@ -221,13 +226,13 @@ class Translate(Signature):
 
 class NBest(Signature):
     name = method = "n_best"
-    flag = ("--n-best", dict(type=int, help="print each sentence's N best translations, with their scores"))
+    setting = ("n_best", dict(type=int, help="print each sentence's N best translations, with their scores"))
     inputs = (INPUT["text"], INPUT["n"], INPUT["target_language"])
     outputs = (Output("translations", "string", "as many columns as the largest n", rank=2),
                Output("scores", "float32", rank=2))  # fmt: skip
 
     def prepare(self, args, export_dir, sentences):
-        INPUT["n"].check_value(args.n_best, "--n-best", most=read_metadata(export_dir)["beam_size"])
+        INPUT["n"].check_value(args.n_best, self.flag, most=read_metadata(export_dir)["beam_size"])
 
     def request(self, args, batch, start):
         return {"text": batch, "n": _fill(batch, args.n_best)}
@@ -238,7 +243,7 @@ class NBest(Signature):
 
 class Alignments(Signature):
     name = method = "alignments"
-    flag = ("--alignments", dict(action="store_true", help="print each translation's alignment to its source pieces"))
+    setting = ("alignments", dict(action="store_true", help="print each translation's alignment to its source pieces"))
     outputs = (
         TRANSLATION, SCORE,
         Output("source_pieces", "string", "the SentencePiece pieces the model read, its end of sentence `</s>` last, "
@@ -260,7 +265,7 @@ class Alignments(Signature):
 
 class Prefix(Signature):
     name = method = "prefix"
-    flag = ("--prefix", dict(help="the start each translation must have"))
+    setting = ("prefix", dict(help="the start each translation must have"))
     inputs = (INPUT["text"], INPUT["prefix"], INPUT["target_language"])
     outputs = (TRANSLATION, SCORE)
 
@@ -270,7 +275,7 @@ class Prefix(Signature):
 
 class Sample(Signature):
     name = method = "sample"
-    flag = ("--sample", dict(type=int, help="print N translations of each sentence drawn at random, with their scores"))
+    setting = ("sample", dict(type=int, help="print N translations of each sentence drawn at random, with their scores"))
     inputs = (INPUT["text"], INPUT["samples"], *(INPUT[option.name] for option in SAMPLING_OPTIONS), INPUT["seed"],
               INPUT["target_language"])  # fmt: skip
     outputs = (Output("translations", "string", 'as many columns as the largest `samples`, padded with `""`', rank=2),
@@ -284,7 +289,7 @@ class Sample(Signature):
         sampling.add_argument("--seed", type=int, default=0, help="sentence i (from 0) draws with seed SEED + i")
 
     def prepare(self, args, export_dir, sentences):
-        INPUT["samples"].check_value(args.sample, "--sample")
+        INPUT["samples"].check_value(args.sample, self.flag)
         for option in SAMPLING_OPTIONS:
             INPUT[option.name].check_value(getattr(args, option.name), flag_of(option.name))
 
@@ -322,7 +327,7 @@ class Options(Signature):
 
 class Score(Signature):
     name = method = "score"
-    flag = ("--score", dict(metavar="FILE", help="score the translations in FILE, one a line, instead"))
+    setting = ("score", dict(metavar="FILE", help="score the translations in FILE, one a line, instead"))
     inputs = (INPUT["text"], INPUT["target"], INPUT["target_language"], INPUT["alpha"])
     outputs = (
         Output("log_prob", "float32", "log P(target \\| text), its end of sentence included"),
@@ -335,7 +340,7 @@ class Score(Signature):
         with open(args.score, encoding="utf-8", errors="replace") as f:
             args.targets = f.read().splitlines()
         if len(args.targets) != len(sentences):
-            raise ValueError(f"--score {args.score} has {len(args.targets)} lines for {len(sentences)} sentences.")
+            raise ValueError(f"{self.flag} {args.score} has {len(args.targets)} lines for {len(sentences)} sentences.")
 
     def request(self, args, batch, start):
         return {"text": batch, "target": tf.constant(args.targets[start : start + len(batch)])}

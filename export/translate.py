@@ -29,7 +29,7 @@ quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (registers the SentencePiece ops the SavedModel uses)
 
-from export.layout import read_metadata  # noqa: E402
+from export.layout import read_metadata, target_languages  # noqa: E402
 from export.serving import use_serving_threads  # noqa: E402
 from export.signatures import SIGNATURES  # noqa: E402
 
@@ -60,7 +60,7 @@ def main(argv=None):
     asked = [signature for signature in SIGNATURES if signature.asked(args)] or [SIGNATURES[0]]
     try:
         if len(asked) > 1:  # the decoding options and another signature's flag
-            other = next(signature.flag[0] for signature in asked if signature.flag)
+            other = next(signature.flag for signature in asked if signature.flag)
             raise ValueError(f"decoding options apply to plain translations (the options signature), not with {other}.")
         (signature,) = asked
         export_dir = resolve(args.export_dir)
@@ -70,8 +70,7 @@ def main(argv=None):
         else:
             sentences = args.sentences or sys.stdin.read().splitlines()
         signature.prepare(args, export_dir, sentences)
-        metadata = read_metadata(export_dir)
-        served = metadata.get("target_languages") or [metadata["target_lang"]]  # or an export of older code's
+        served = target_languages(read_metadata(export_dir))
         if args.to and args.to not in served:
             raise ValueError(f"--to {args.to}: {export_dir} writes {', '.join(served)}.")
     except ValueError as error:

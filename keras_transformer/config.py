@@ -1,4 +1,6 @@
-"""Model hyperparameters: the paper's Table 3 rows as named constructors."""
+"""Model hyperparameters: `PRESETS`, the paper's Table 3 rows (base, big) and presets for smaller
+corpora and machines, each a constructor of `TransformerConfig` of its name;
+`TransformerConfig.preset(name)` takes any of them by name, as the command lines do."""
 
 import dataclasses
 import json
@@ -139,7 +141,8 @@ class TransformerConfig:
 
     @classmethod
     def preset(cls, name, vocab_size, **overrides):
-        """A preset of `PRESETS` by name, as the command lines take it."""
+        """A preset of `PRESETS` by name, as the command lines take it; each also has a
+        constructor of its name (`TransformerConfig.base(vocab_size)`)."""
         if name not in PRESETS:
             raise ValueError(f"Unknown config {name!r}: choose {', '.join(PRESETS)}.")
         model = dict(PRESETS[name]["model"])
@@ -159,6 +162,16 @@ class TransformerConfig:
     def small(cls, vocab_size, **overrides):
         """3 + 3 layers of width 256, for corpora such as Multi30k (not in the paper)."""
         return cls.preset("small", vocab_size, **overrides)
+
+    @classmethod
+    def multi30k(cls, vocab_size, **overrides):
+        """The recipe measured on Multi30k: narrow, with high dropout (not in the paper)."""
+        return cls.preset("multi30k", vocab_size, **overrides)
+
+    @classmethod
+    def multi30k_shallow(cls, vocab_size, **overrides):
+        """multi30k with a shallow decoder, faster to serve (not in the paper)."""
+        return cls.preset("multi30k_shallow", vocab_size, **overrides)
 
     @classmethod
     def base(cls, vocab_size, **overrides):

@@ -25,6 +25,14 @@ def test_presets_hold_the_paper_values():
     assert TransformerConfig.preset("multi30k_shallow", 8000, num_layers=2).decoder_layers == 2  # the shorthand wins
 
 
+def test_each_preset_has_a_constructor_of_its_name_with_its_model():
+    for name, preset in PRESETS.items():
+        config = getattr(TransformerConfig, name)(8000)
+        assert config == TransformerConfig.preset(name, 8000), name
+        assert {field: getattr(config, field) for field in preset["model"]} == preset["model"], name
+        assert getattr(TransformerConfig, name)(8000, d_model=64).d_model == 64, name
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -72,5 +80,8 @@ def test_json_round_trip():
 
 def test_the_readme_lists_every_preset():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        listed = re.findall(r"`--config (\w+(?:\|\w+)+)`", f.read())
+        readme = f.read()
+    listed = re.findall(r"`--config (\w+(?:\|\w+)+)`", readme)
     assert [names.split("|") for names in listed] == [list(PRESETS)]
+    (row,) = re.findall(r"^\| [^|]* \| `keras_transformer/config.py` \|.*$", readme, re.MULTILINE)  # the paper's table
+    assert [name for name in PRESETS if not re.search(rf"\b{name}\b", row)] == []

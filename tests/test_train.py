@@ -184,6 +184,26 @@ def test_a_run_folder_of_older_code_reads_as_one_segment_with_the_defaults_of_se
     assert run.check_resume(TransformerConfig.tiny(100), run.settings()) == []
 
 
+def test_the_corpus_rows_are_load_corpus_keywords_and_a_run_folder_loads_the_corpus_they_recorded(tmp_path):
+    import inspect
+
+    from training import flags
+
+    assert list(inspect.signature(data.load_corpus).parameters) == ["dataset", "source_lang", "target_lang",
+                                                                    *flags.corpus_options({})]  # fmt: skip
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for prefix in ("train", "val", "test", "held"):
+        for lang in ("en", "de"):
+            (folder / f"{prefix}.{lang}").write_text(f"{prefix} {lang}\n")
+    args = parse_args(["--run-dir", str(tmp_path / "run"), "--dataset", str(folder), "--source-lang", "en",
+                       "--target-lang", "de", "--dev-split", "val", "--test-split", "held"])  # fmt: skip
+    run = RunFolder(args.run_dir)
+    run.record_segment(TransformerConfig.tiny(100), {**vars(args), "pairs": "en-de"}, 0)
+    (corpus,) = run.load_corpora().values()
+    assert (corpus.text_pairs("dev"), corpus.text_pairs("test")) == ([("val en", "val de")], [("held en", "held de")])
+
+
 BAD_FLAGS = [
     (["--config", "huge"], "--config 'huge': choose tiny, small, multi30k, multi30k_shallow, base, big"),
     (["--steps", "0"], "--steps must be positive, got 0"),

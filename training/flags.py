@@ -1,8 +1,9 @@
 """training.train's flags, each declared once, as a row of `FLAGS`: its name, type, default (or the
 `--config` preset's), help, the check its value must pass, and what resuming a run folder does
 when it changes. `training.train.parse_args`, the resume check (`RunFolder.check_resume`,
-training/run_folder.py) and the model's config (`MODEL_FIELDS`) are read from it, so a flag that
-a resume must respect is its row and its test.
+training/run_folder.py), the model's config (`MODEL_FIELDS`) and the corpus' options
+(`corpus_options`: training.train's and a run folder's `load_corpora`) are read from it, so a flag
+that a resume must respect is its row and its test.
 
 The decoding flags of the evaluations are the search's own (`keras_transformer.search.OPTIONS`).
 """
@@ -47,6 +48,8 @@ class Flag:
             records it).
         model: a `TransformerConfig` field that the flag overrides on top of the preset's model
             (config.json holds it; a resume refuses a change, dropout's aside).
+        corpus: a keyword of `data.load_corpus` that picks the corpus with `--dataset` and the
+            languages (`corpus_options`).
         options: other keywords of `argparse`'s `add_argument` (choices, metavar).
     """
 
@@ -58,6 +61,7 @@ class Flag:
     resume: str = None
     recorded: object = None
     model: bool = False
+    corpus: bool = False
     options: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -96,10 +100,11 @@ FLAGS = (
          "--target-lang; each source starts with its target language's tag", resume=REFUSED),  # fmt: skip
     Flag("pair_temperature", float, 1.0, "how the pairs of several are mixed: 1 as their sizes are, larger evens them "
          "out (each pair's share of the data to the power 1/T)", POSITIVE, REFUSED, recorded=1.0),  # fmt: skip
-    Flag("dev_split", default="dev", help="file prefix of the dev split of a folder (Multi30k: val)", resume=REFUSED),
+    Flag("dev_split", default="dev", help="file prefix of the dev split of a folder (Multi30k: val)", resume=REFUSED,
+         corpus=True),  # fmt: skip
     Flag("test_split", default="test", help="file prefix of the test split of a folder (Multi30k: test2016)",
-         resume=REFUSED),  # fmt: skip
-    Flag("data_dir", help="TFDS data_dir (a GCS bucket on a TPU)"),
+         resume=REFUSED, corpus=True),  # fmt: skip
+    Flag("data_dir", help="TFDS data_dir (a GCS bucket on a TPU)", corpus=True),
     # How long, and the update.
     Flag("steps", int, PRESET, "total training steps (tiny: 600, base: 100k, big: 300k)", POSITIVE),
     Flag("max_minutes", float, None, "stop (with a checkpoint) once training has taken this long, resumes included",
@@ -163,11 +168,17 @@ FLAGS = (
     Flag("init_from", help="fine-tune: start a new run from another run's checkpoint (latest, a step, averaged or "
          "best; default latest), with its tokenizer and model (the same --config and model flags), a fresh "
          "optimizer and these flags' schedule and data", options=dict(metavar="RUN[:CHECKPOINT]")),  # fmt: skip
-    Flag("seed", int, 0, resume=REFUSED),
+    Flag("seed", int, 0, resume=REFUSED, corpus=True),  # the synthetic corpus' too
 )  # fmt: skip
 
 # The TransformerConfig fields a flag overrides.
 MODEL_FIELDS = tuple(flag.name for flag in FLAGS if flag.model)
+
+
+def corpus_options(settings):
+    """The keywords of `data.load_corpus` besides the dataset and the languages, from `settings`
+    (flags' names -> values: `vars(args)`, or a run's training.json; a missing one: its default)."""
+    return {flag.name: settings.get(flag.name, flag.default) for flag in FLAGS if flag.corpus}
 
 
 def resumed():

@@ -172,9 +172,7 @@ class RunFolder:
     def load_corpora(self):
         """{(source, target): data.Corpus} of the run's pairs."""
         settings = self.settings()
-        return languages.load_corpora(settings["dataset"], pairs=self.pairs(), dev_split=settings["dev_split"],
-                                      test_split=settings["test_split"], data_dir=settings.get("data_dir"),
-                                      seed=settings["seed"])  # fmt: skip
+        return languages.load_corpora(settings["dataset"], pairs=self.pairs(), **flags.corpus_options(settings))
 
     def load_corpus(self):
         """The corpus of the run's first pair (of its only one, for most runs): its sources are

@@ -19,6 +19,7 @@ is the same as KERAS_BACKEND=jax; the flags, the run folder and the outputs are 
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -33,8 +34,8 @@ import tensorflow as tf  # noqa: E402
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer.search.flags import add_decoding_flags, decoding_settings  # noqa: E402
 from training import backends, data, evaluate, files, languages, supervisor  # noqa: E402
-from training.flags import MODEL_FIELDS, add_flags, apply_preset_and_check  # noqa: E402
 from training.average_checkpoints import average_checkpoints  # noqa: E402
+from training.flags import MODEL_FIELDS, add_flags, apply_preset_and_check, corpus_options  # noqa: E402
 from training.run_folder import RunFolder, load_weights, step_of  # noqa: E402
 from training.schedule import TransformerSchedule, paper_optimizer  # noqa: E402
 from training.selection import Selection  # noqa: E402
@@ -136,22 +137,69 @@ def train(args, strategy=None):
         raise ValueError(f"--backend {args.backend}, but Keras runs on {backends.current()}: set KERAS_BACKEND="
                          f"{args.backend} before Keras is imported (the command line does it for you).")  # fmt: skip
     decoding = decoding_settings(args)  # for the evaluations; checked before training
+    backend = _create_backend(args, strategy)
+    keras.utils.set_random_seed(args.seed)
+    run = RunFolder(args.run_dir)
+    setup = _set_up(args, run, backend)
+    schedule = TransformerSchedule(setup.config.d_model, args.warmup_steps, args.learning_rate_scale)
+    tokenized, iterator, train_seconds = _start(args, run, backend, setup, schedule)
+    writers = {name: _log_writer(run, backend, name) for name in ("train", "dev")}
+    selection = _selection(args, run)
+    train_seconds, dropped, last_dev = _train_loop(args, run, backend, setup, schedule, iterator, train_seconds,
+                                                   selection, decoding, writers)  # fmt: skip
+    tokenized.close()
+    backend.sync_model()
+    averaged = _average(run, backend, args.average_last) if args.average_last else None
+    backend.close()
+    model, step = backend.model, backend.step
+    metrics = {"steps": step, "train_seconds": round(train_seconds, 1), "dropped_pairs": dropped, "backend": backend.name}
+    # Every process evaluates, so that none ends (and leaves JAX's runtime) while another works on.
+    if not args.no_evaluate:
+        metrics.update(_final_evaluation(args, run, backend, setup, decoding, selection, last_dev, writers["dev"], averaged))
+    if not backend.is_chief:
+        return model, None
+    run.update_metrics(metrics)
+    return model, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a run trains on and what it records.
+
+    corpora: {(source, target): `data.Corpus`} of its pairs, in order.
+    text: the training split's shards (`shards.TextShards`).
+    tokenizer: its `Tokenizer`.
+    tagged: whether each source starts with its target language's tag (training/languages.py).
+    config: the model's `TransformerConfig`.
+    settings: this segment's settings, as training.json records them.
+    origin: `initial_checkpoint`'s record of --init-from, or None.
+    changes: the changes a resume reports, [(name, old, new)].
+    """
+
+    corpora: dict
+    text: object
+    tokenizer: Tokenizer
+    tagged: bool
+    config: TransformerConfig
+    settings: dict
+    origin: dict | None
+    changes: list
+
+
+def _create_backend(args, strategy):
+    """The backend of `--strategy` (or `strategy`), `--mixed-precision` and `--processes`."""
     processes = None
     if args.processes != "1":
         processes = {"coordinator_address": args.coordinator_address, "process_id": args.process_id,
                      "num_processes": None if args.processes == "auto" else int(args.processes),
                      **({"heartbeat_seconds": args.heartbeat_seconds} if args.heartbeat_seconds else {})}  # fmt: skip
-    backend = backends.create(args.strategy, strategy, mixed_precision=args.mixed_precision, processes=processes)
+    return backends.create(args.strategy, strategy, mixed_precision=args.mixed_precision, processes=processes)
 
-    def say(message):  # one process speaks for all
-        if backend.is_chief:
-            print(message, flush=True)
 
-    keras.utils.set_random_seed(args.seed)
-
-    run = RunFolder(args.run_dir)
-    corpora = languages.load_corpora(args.dataset, args.source_lang, args.target_lang, args.pairs, dev_split=args.dev_split,
-                                     test_split=args.test_split, data_dir=args.data_dir, seed=args.seed)  # fmt: skip
+def _set_up(args, run, backend):
+    """The run's `Setup`: its corpora, the training split, the tokenizer (trained, or --init-from's),
+    the model's config; a resume of another run refused (ValueError)."""
+    corpora = languages.load_corpora(args.dataset, args.source_lang, args.target_lang, args.pairs, **corpus_options(vars(args)))
     pairs = tuple(corpora)
     origin = initial_checkpoint(args.init_from, run, backend.is_chief, pairs) if args.init_from else None
 
@@ -176,21 +224,28 @@ def train(args, strategy=None):
         resumed = run.segments()[0]["settings"] if tf.io.gfile.exists(run.settings_path) else {}
         settings["init_from"] = resumed.get("init_from", origin)  # a resume keeps the origin of its start
     changes = run.check_resume(config, settings)
+    return Setup(corpora, text, tokenizer, tagged, config, settings, origin, changes)
 
-    schedule = TransformerSchedule(config.d_model, args.warmup_steps, args.learning_rate_scale)
+
+def _start(args, run, backend, setup, schedule):
+    """Builds and compiles the model (with --init-from's weights), starts the batches, restores
+    the latest checkpoint and records the segment; returns (the tokenized split, which the end
+    closes; the batches' iterator; the training seconds so far)."""
+    say = _speaker(backend)
+    config, origin = setup.config, setup.origin
     backend.build(config, lambda: paper_optimizer(schedule))
     if origin:  # a resume restores its own checkpoint below instead
         load_weights(backend.model, origin["checkpoint"])
     backend.compile(args.label_smoothing, jit_compile=not args.no_xla, accumulate_steps=args.accumulate_steps)
     # The first epoch tokenizes the split into shards while training reads them; each process
     # its own share. Several processes agree on each batch's bucket through a schedule.
-    tokenized = TokenizedShards(text, tokenizer, run.tokenized_dir(tokenizer), args.seed, backend.process_index,
-                                       backend.num_processes, show_progress=backend.is_chief)  # fmt: skip
+    tokenized = TokenizedShards(setup.text, setup.tokenizer, run.tokenized_dir(setup.tokenizer), args.seed,
+                                backend.process_index, backend.num_processes, show_progress=backend.is_chief)  # fmt: skip
     bucket_schedule = None
     batch_tokens = args.batch_tokens // backend.num_processes // args.accumulate_steps  # this process' rows of a batch
     if backend.num_processes > 1:
-        bucket_schedule = data.bucket_schedule(text, tokenizer, batch_tokens=batch_tokens, max_length=config.max_length,
-                                               num_shares=backend.num_processes)  # fmt: skip
+        bucket_schedule = data.bucket_schedule(setup.text, setup.tokenizer, batch_tokens=batch_tokens,
+                                               max_length=config.max_length, num_shares=backend.num_processes)  # fmt: skip
     batches = data.training_batches(tokenized, batch_tokens=batch_tokens, max_length=config.max_length,
                                     batch_multiple=backend.local_replicas, schedule=bucket_schedule)  # fmt: skip
     iterator = iter(batches)
@@ -202,15 +257,20 @@ def train(args, strategy=None):
         saved = backend.save(0, 0.0)
         say(f"Started from {origin['checkpoint']} (step {origin['step']} of {origin['run']}) with a fresh optimizer: "
             f"checkpoint {saved}.")  # fmt: skip
-    for name, old, new in changes:
+    for name, old, new in setup.changes:
         say(f"Resumed with {name} {new!r} (it was {old!r}): the run follows it from step {step} on.")
     if backend.is_chief:
-        run.record_segment(config, settings, step)
+        run.record_segment(config, setup.settings, step)
+    return tokenized, iterator, train_seconds
 
-    def log_writer(name):
-        return tf.summary.create_file_writer(os.path.join(run.log_dir, name)) if backend.is_chief else tf.summary.create_noop_writer()
 
-    writer, dev_writer = log_writer("train"), log_writer("dev")
+def _train_loop(args, run, backend, setup, schedule, iterator, train_seconds, selection, decoding, writers):
+    """Trains from the backend's step to --steps (or --max-minutes, or an early stop of
+    `selection`), with checkpoints, TensorBoard scalars (`writers`: "train" and "dev") and dev
+    evaluations; returns (the training seconds, the pairs the last call dropped, (step, BLEU) of
+    the last dev evaluation, or (None, None))."""
+    say = _speaker(backend)
+    step = backend.step
     progress = keras.utils.Progbar(args.steps, stateful_metrics=["loss", "lr", "tok/s"], unit_name="step",
                                    verbose=1 if backend.is_chief else 0)  # fmt: skip
     progress.update(step)
@@ -218,10 +278,6 @@ def train(args, strategy=None):
     out_of_time = lambda: args.max_minutes is not None and train_seconds >= 60 * args.max_minutes  # noqa: E731
     periods_evaluated = _periods(train_seconds, args.eval_every_minutes)
     periods_saved = _periods(train_seconds, args.checkpoint_every_minutes)
-    selection = None
-    if args.keep_best or args.early_stop:  # a resume goes on from the record
-        record = run.best()
-        selection = Selection(args.early_stop, args.min_delta, record.get("bleu"), record.get("step"), record.get("since", 0))
     stopped = lambda: selection is not None and selection.stop  # noqa: E731
     evaluated = bleu = None  # the step of the last dev evaluation, and its BLEU
     while step < args.steps and not out_of_time() and not stopped():
@@ -234,7 +290,7 @@ def train(args, strategy=None):
         step = backend.step
         learning_rate = float(keras.ops.convert_to_numpy(schedule(step)))  # the next update's
         progress.update(step, [("loss", loss), ("lr", learning_rate), ("tok/s", tokens / seconds)])
-        with writer.as_default(step=step):
+        with writers["train"].as_default(step=step):
             tf.summary.scalar("loss", loss)
             tf.summary.scalar("learning_rate", learning_rate)
             tf.summary.scalar("target_tokens_per_second", tokens / seconds)
@@ -249,7 +305,8 @@ def train(args, strategy=None):
         if step < args.steps and (args.eval_every and step % args.eval_every == 0 or periods > periods_evaluated):
             periods_evaluated, evaluated = periods, step
             backend.sync_model()
-            bleu = _evaluate_dev(backend.model, tokenizer, corpora, tagged, decoding, args.eval_sentences, dev_writer, step, say)
+            bleu = _evaluate_dev(backend.model, setup.tokenizer, setup.corpora, setup.tagged, decoding, args.eval_sentences,
+                                 writers["dev"], step, say)  # fmt: skip
             if selection is not None:
                 _select(selection, run, backend, step, bleu, args.keep_best)
                 if stopped() and not saved:  # the run ends here: its last checkpoint too
@@ -261,45 +318,73 @@ def train(args, strategy=None):
     elif step < args.steps:
         say(f"Stopped at step {step} of {args.steps}: --max-minutes {args.max_minutes} reached.")
     if dropped:
-        say(f"{dropped} training pairs longer than --max-length {config.max_length} were dropped.")
-    tokenized.close()
-    backend.sync_model()
-    averaged = _average(run, backend, args.average_last, say) if args.average_last else None
-    backend.close()
-    model = backend.model
-    metrics = {"steps": step, "train_seconds": round(train_seconds, 1), "dropped_pairs": dropped, "backend": backend.name}
-    # Every process evaluates, so that none ends (and leaves JAX's runtime) while another works on.
-    if not args.no_evaluate:
-        if step == evaluated and not averaged:  # the last step's model was evaluated on the dev split already
-            metrics["dev_bleu"] = bleu
-        elif all(corpus.text_pairs("dev", 1) for corpus in corpora.values()):
-            metrics["dev_bleu"] = _evaluate_dev(model, tokenizer, corpora, tagged, decoding, args.eval_sentences, dev_writer, step, say)
-            if selection is not None and not stopped():  # the last model may be the best
-                _select(selection, run, backend, step, metrics["dev_bleu"], args.keep_best)
-        outputs = {pair: run.translations_path("test", pair) for pair in pairs} if backend.is_chief else None
-        metrics.update(evaluate.evaluate_pairs(model, tokenizer, corpora, "test", decoding, tagged=tagged, output_paths=outputs))
-        metrics["checkpoint"] = averaged or run.checkpoints()[-1][1]
-        for name, of_pair in metrics.get("pairs", {}).items():
-            say(f"{name}: test BLEU {of_pair['bleu']} (chrF {of_pair['chrf']}) on {of_pair['sentences']} sentences")
-        mean = "Mean test BLEU" if len(pairs) > 1 else "Test BLEU"
-        paper = f", the paper's tokenized BLEU {metrics['bleu_paper']}" if "bleu_paper" in metrics else ""
-        say(f"{mean} {metrics['bleu']} (chrF {metrics['chrf']}{paper}) on {metrics['sentences']} sentences; {metrics['signature']}")
-    if not backend.is_chief:
-        return model, None
-    run.update_metrics(metrics)
-    return model, metrics
+        say(f"{dropped} training pairs longer than --max-length {setup.config.max_length} were dropped.")
+    return train_seconds, dropped, (evaluated, bleu)
 
 
-def _average(run, backend, last, say):
+def _final_evaluation(args, run, backend, setup, decoding, selection, last_dev, dev_writer, averaged):
+    """The metrics of the end: the dev BLEU (`last_dev`'s, (step, BLEU), if it is of the last
+    step's model; else measured, and the last model may then be the best of `selection`) and the
+    test split's BLEU, chrF and signatures, each pair's and their mean; the checkpoint evaluated,
+    `averaged` (its path) or the last."""
+    say = _speaker(backend)
+    model, step, corpora, pairs = backend.model, backend.step, setup.corpora, tuple(setup.corpora)
+    metrics = {}
+    evaluated, bleu = last_dev
+    if step == evaluated and not averaged:  # the last step's model was evaluated on the dev split already
+        metrics["dev_bleu"] = bleu
+    elif all(corpus.text_pairs("dev", 1) for corpus in corpora.values()):
+        metrics["dev_bleu"] = _evaluate_dev(model, setup.tokenizer, corpora, setup.tagged, decoding, args.eval_sentences,
+                                            dev_writer, step, say)  # fmt: skip
+        if selection is not None and not selection.stop:  # the last model may be the best
+            _select(selection, run, backend, step, metrics["dev_bleu"], args.keep_best)
+    outputs = {pair: run.translations_path("test", pair) for pair in pairs} if backend.is_chief else None
+    metrics.update(evaluate.evaluate_pairs(model, setup.tokenizer, corpora, "test", decoding, tagged=setup.tagged,
+                                           output_paths=outputs))  # fmt: skip
+    metrics["checkpoint"] = averaged or run.checkpoints()[-1][1]
+    for name, of_pair in metrics.get("pairs", {}).items():
+        say(f"{name}: test BLEU {of_pair['bleu']} (chrF {of_pair['chrf']}) on {of_pair['sentences']} sentences")
+    mean = "Mean test BLEU" if len(pairs) > 1 else "Test BLEU"
+    paper = f", the paper's tokenized BLEU {metrics['bleu_paper']}" if "bleu_paper" in metrics else ""
+    say(f"{mean} {metrics['bleu']} (chrF {metrics['chrf']}{paper}) on {metrics['sentences']} sentences; {metrics['signature']}")
+    return metrics
+
+
+def _average(run, backend, last):
     """The paper's model (section 6.1): the mean of the last `last` checkpoints, written into
     DIR/averaged/ by process 0 and loaded into the backend's model by every process; its path."""
     if backend.is_chief:
         saved, paths = average_checkpoints(run.path, last)
-        say(f"Averaged the last {len(paths)} checkpoints (steps {', '.join(str(step_of(path)) for path in paths)}) into {saved}.")
+        steps = ", ".join(str(step_of(path)) for path in paths)
+        _speaker(backend)(f"Averaged the last {len(paths)} checkpoints (steps {steps}) into {saved}.")
     backend.agree(0.0)  # every process waits for the file
     saved = run.checkpoint("averaged")
     load_weights(backend.model, saved)
     return saved
+
+
+def _selection(args, run):
+    """The `Selection` of --keep-best and --early-stop, going on from the run's record; None
+    without either."""
+    if not (args.keep_best or args.early_stop):
+        return None
+    record = run.best()
+    return Selection(args.early_stop, args.min_delta, record.get("bleu"), record.get("step"), record.get("since", 0))
+
+
+def _speaker(backend):
+    """`say(message)`: printed by process 0, which speaks for all."""
+
+    def say(message):
+        if backend.is_chief:
+            print(message, flush=True)
+
+    return say
+
+
+def _log_writer(run, backend, name):
+    """The TensorBoard writer of the run's logs/`name` (process 0's; the others' write nothing)."""
+    return tf.summary.create_file_writer(os.path.join(run.log_dir, name)) if backend.is_chief else tf.summary.create_noop_writer()
 
 
 def _select(selection, run, backend, step, bleu, keep_best):

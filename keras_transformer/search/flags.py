@@ -23,9 +23,14 @@ def add_decoding_flags(parser, defaults=True):
                            "best ended one) or first_k (beam-size hypotheses have ended: faster, as CTranslate2)")  # fmt: skip
 
 
+def needs_tokenizer(args):
+    """Whether `add_decoding_flags`' flags in `args` hold text for `decoding_settings`' tokenizer."""
+    return any(option.kind.needs_tokenizer(getattr(args, option.name)) for option in OPTIONS)
+
+
 def decoding_settings(args, tokenizer=None, **more):
     """The `DecodingSettings` of `add_decoding_flags`' flags (token sequences cut into pieces by
-    `tokenizer`), and `more` fields."""
+    `tokenizer`, which `needs_tokenizer` says they need), and `more` fields."""
     values = {}
     for option in OPTIONS:
         try:

@@ -21,7 +21,8 @@ class Kind:
     """The kind of an option's values, and their form in each place: the type of its
     `DecodingSettings` field (`python`), the dtype of its per-sentence tensor in a search
     (`dtype`), the SavedModel input's dtype and rank (`served_dtype`, `served_rank`; `tokenized`:
-    text that the export's tokenizer cuts into the search's ids), its flag, and its warm-up value."""
+    text that the export's tokenizer cuts into the search's ids), its flag, its warm-up value, the
+    SavedModel input's default, and a served value's form in the search."""
 
     def __init__(self, python, dtype, served_dtype=None, served_rank=1, tokenized=False):
         self.python, self.dtype, self.served_dtype = python, dtype, served_dtype or dtype
@@ -38,9 +39,23 @@ class Kind:
         """A flag's value as the `DecodingSettings` field's."""
         return value
 
+    def needs_tokenizer(self, value):
+        """Whether a flag's `value` needs the run's tokenizer (`from_flag`'s)."""
+        return False
+
     def served(self, value):
         """A value (`example`) as the SavedModel input's for one sentence, in NumPy."""
         return np.dtype(self.served_dtype).type(value)
+
+    def served_default(self, value, detokenize):
+        """A `DecodingSettings` field's `value` as the SavedModel input's default, one row for
+        every sentence, in NumPy; `detokenize` turns ids (a list of lists) into NumPy text."""
+        return np.array([value], self.served_dtype)
+
+    def from_served(self, values, tokenize):
+        """A SavedModel input's `values` (a row per sentence) as the search's; `tokenize` turns
+        text `[batch, s]` into ids `[batch, s, pieces]`."""
+        return values
 
 
 class _Bool(Kind):
@@ -67,8 +82,19 @@ class _Phrases(Kind):
             raise ValueError("token sequences need the run's tokenizer to cut the phrases into pieces.")
         return tuple(tuple(tokenizer.tokenize(phrase).numpy().tolist()) for phrase in phrases)
 
+    def needs_tokenizer(self, phrases):
+        return bool(phrases)
+
     def served(self, value):
         return np.array(value, object)
+
+    def served_default(self, value, detokenize):
+        if not value:
+            return np.zeros([1, 0], object)
+        return detokenize([list(sequence) for sequence in value])[None]
+
+    def from_served(self, values, tokenize):
+        return tokenize(values)
 
 
 INT32, FLOAT32, BOOL = Kind(int, "int32"), Kind(float, "float32"), _Bool(bool, "bool")
