@@ -320,3 +320,43 @@ def test_metrics_updates_on_a_filesystem_that_is_not_posix_keep_the_earlier_valu
     RunFolder(path).update_metrics({"bleu": 40.5})
     with tf.io.gfile.GFile(RunFolder(path).metrics_path) as f:
         assert json.load(f) == {"bleu": 40.5, "steps": 8, "averaged_checkpoints": ["ckpt-4", "ckpt-8"]}
+
+
+# What `python -m training.train --run-dir DIR` reads on the one-corpus path (the built-in corpus,
+# seed 0): the tokenizer's sample, the pieces it learns from it, and the first batches, as
+# digests. They are the digests of the code before several language pairs could be trained: a
+# change to them changes what every run of one corpus learns from. To change them on purpose,
+# take the new digests from this test's failure and say why in the commit.
+ONE_CORPUS_DIGESTS = {"sample": "0cd97c4afaf5d7b2", "pieces": "00ba48e76c1746b0", "batches": "0ab2ba785d595a7e"}
+DIGESTED_BATCHES = 5
+
+
+def test_a_run_of_one_corpus_samples_tokenizes_and_batches_as_it_always_has(tmp_path, monkeypatch):
+    import hashlib
+    import types
+
+    import training.train as train_module
+
+    def digest(chunks):
+        hashed = hashlib.sha256()
+        for chunk in chunks:
+            hashed.update(chunk)
+        return hashed.hexdigest()[:16]
+
+    args = parse_args(["--run-dir", str(tmp_path)])
+    one_process = types.SimpleNamespace(is_chief=True, process_index=0, num_processes=1, local_replicas=1)
+    monkeypatch.setattr(train_module, "print", lambda *a, **k: None, raising=False)  # the tokenizer's progress lines
+    setup = train_module._set_up(args, RunFolder(args.run_dir), one_process)
+    tokenized, batches = train_module._batches(args, RunFolder(args.run_dir), one_process, setup)
+    try:
+        first = [batch for _, batch in zip(range(DIGESTED_BATCHES), batches)]
+    finally:
+        tokenized.close()
+    pieces = setup.tokenizer.sentencepiece.id_to_string(tf.range(setup.tokenizer.vocab_size)).numpy()
+    digests = {
+        "sample": digest(["\n".join(f"{source}\t{target}" for source, target in setup.text.sample()).encode()]),
+        "pieces": digest([b"\n".join(pieces)]),
+        "batches": digest(chunk for batch in first for key in ("source", "target_input", "target_output")
+                          for chunk in (str(batch[key].shape).encode(), batch[key].numpy().astype(np.int32).tobytes())),
+    }  # fmt: skip
+    assert digests == ONE_CORPUS_DIGESTS

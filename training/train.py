@@ -138,7 +138,6 @@ def train(args, strategy=None):
                          f"{args.backend} before Keras is imported (the command line does it for you).")  # fmt: skip
     decoding = decoding_settings(args)  # for the evaluations; checked before training
     backend = _create_backend(args, strategy)
-    keras.utils.set_random_seed(args.seed)
     run = RunFolder(args.run_dir)
     setup = _set_up(args, run, backend)
     schedule = TransformerSchedule(setup.config.d_model, args.warmup_steps, args.learning_rate_scale)
@@ -198,7 +197,9 @@ def _create_backend(args, strategy):
 
 def _set_up(args, run, backend):
     """The run's `Setup`: its corpora, the training split, the tokenizer (trained, or --init-from's),
-    the model's config; a resume of another run refused (ValueError)."""
+    the model's config; a resume of another run refused (ValueError). Seeds every random number
+    generator with --seed first (the batches' shuffles and the model's initial weights follow it)."""
+    keras.utils.set_random_seed(args.seed)
     corpora = languages.load_corpora(args.dataset, args.source_lang, args.target_lang, args.pairs, **corpus_options(vars(args)))
     pairs = tuple(corpora)
     origin = initial_checkpoint(args.init_from, run, backend.is_chief, pairs) if args.init_from else None
@@ -237,17 +238,7 @@ def _start(args, run, backend, setup, schedule):
     if origin:  # a resume restores its own checkpoint below instead
         load_weights(backend.model, origin["checkpoint"])
     backend.compile(args.label_smoothing, jit_compile=not args.no_xla, accumulate_steps=args.accumulate_steps)
-    # The first epoch tokenizes the split into shards while training reads them; each process
-    # its own share. Several processes agree on each batch's bucket through a schedule.
-    tokenized = TokenizedShards(setup.text, setup.tokenizer, run.tokenized_dir(setup.tokenizer), args.seed,
-                                backend.process_index, backend.num_processes, show_progress=backend.is_chief)  # fmt: skip
-    bucket_schedule = None
-    batch_tokens = args.batch_tokens // backend.num_processes // args.accumulate_steps  # this process' rows of a batch
-    if backend.num_processes > 1:
-        bucket_schedule = data.bucket_schedule(setup.text, setup.tokenizer, batch_tokens=batch_tokens,
-                                               max_length=config.max_length, num_shares=backend.num_processes)  # fmt: skip
-    batches = data.training_batches(tokenized, batch_tokens=batch_tokens, max_length=config.max_length,
-                                    batch_multiple=backend.local_replicas, schedule=bucket_schedule)  # fmt: skip
+    tokenized, batches = _batches(args, run, backend, setup)
     iterator = iter(batches)
     latest, train_seconds = backend.restore(run, iterator, max(args.keep_checkpoints, args.average_last))
     step = backend.step
@@ -262,6 +253,23 @@ def _start(args, run, backend, setup, schedule):
     if backend.is_chief:
         run.record_segment(config, setup.settings, step)
     return tokenized, iterator, train_seconds
+
+
+def _batches(args, run, backend, setup):
+    """(the tokenized split, which the end closes; this process' training batches). The first
+    epoch tokenizes the split into shards while training reads them; each process its own share.
+    Several processes agree on each batch's bucket through a schedule."""
+    tokenized = TokenizedShards(setup.text, setup.tokenizer, run.tokenized_dir(setup.tokenizer), args.seed,
+                                backend.process_index, backend.num_processes, show_progress=backend.is_chief)  # fmt: skip
+    bucket_schedule = None
+    batch_tokens = args.batch_tokens // backend.num_processes // args.accumulate_steps  # this process' rows of a batch
+    max_length = setup.config.max_length
+    if backend.num_processes > 1:
+        bucket_schedule = data.bucket_schedule(setup.text, setup.tokenizer, batch_tokens=batch_tokens, max_length=max_length,
+                                               num_shares=backend.num_processes)  # fmt: skip
+    batches = data.training_batches(tokenized, batch_tokens=batch_tokens, max_length=max_length,
+                                    batch_multiple=backend.local_replicas, schedule=bucket_schedule)  # fmt: skip
+    return tokenized, batches
 
 
 def _train_loop(args, run, backend, setup, schedule, iterator, train_seconds, selection, decoding, writers):
