@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from bench.common import emit, in_turn, peak_rss_mb, ratio_summary, run_isolated
-from export.layout import WARMUP_REQUESTS, read_metadata
+from export.layout import WARMUP_REQUESTS, read_metadata, target_languages
 
 
 def measure_ours(export_dir, sentences, batch, serving_threads=True, languages=None):
@@ -117,7 +117,7 @@ def worker(args):
     with open(args.sentences, encoding="utf-8") as f:
         sources, references, languages = (list(side) for side in zip(*(json.loads(line) for line in f)))
     decoding = read_metadata(args.export_dir)
-    several = len(decoding.get("target_languages", ())) > 1
+    several = len(target_languages(decoding)) > 1
     if args.worker == "ours":
         translations, seconds, cold = measure_ours(args.export_dir, sources, args.batch, not args.tensorflow_threads,
                                                    languages if several else None)  # fmt: skip
