@@ -194,3 +194,13 @@ def test_the_smoke_runner_names_an_unknown_benchmark_and_the_known_ones(capsys):
         main(["--smoke", "bench.decode", "bench.nonesuch"])
     error = capsys.readouterr().err
     assert "no benchmark bench.nonesuch (there are compare_exports, corpus_scale," in error
+
+
+def test_the_main_job_benchmark_checks_the_readmes_sentences_and_translations():
+    from bench import demo
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    (command,) = [line for line in readme.splitlines() if line.startswith("python -m export.translate exports/demo ")]
+    assert command.split(" ", 4)[4] == " ".join(f'"{sentence}"' for sentence in demo.SENTENCES)
+    assert "\n".join(demo.SENTENCES.values()) in readme  # the translations the README shows, in order
