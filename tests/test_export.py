@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import _types_of, assert_stock_cpu_graph, loaded_export
+from conftest import SCORE_TOLERANCE, _types_of, assert_stock_cpu_graph, loaded_export
 from export.serving import PARALLEL_SEARCHES
 from export.signatures import SIGNATURE, SIGNATURES
 from keras_transformer.search import DecodingSettings
@@ -464,7 +464,7 @@ def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_lo
     best = loaded.translate(tf.constant(SENTENCES))
     empty = signature(text=tf.constant(SENTENCES), prefix=tf.constant(["", "", ""]))
     np.testing.assert_array_equal(empty["translation"], best["translation"])
-    np.testing.assert_allclose(empty["score"], best["score"], rtol=1e-6)
+    np.testing.assert_allclose(empty["score"], best["score"], **SCORE_TOLERANCE)
     # Each sentence's own prefix, one that its best translation does not start with, or none.
     prefixes = ["Der kleine Hund", "Meine", ""]
     assert not any(t.decode().startswith(p) for t, p in zip(best["translation"].numpy()[:2], prefixes[:2]))
@@ -591,7 +591,7 @@ def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
     word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.tokenize(w)) == 1)
     cut = translate([(word + " ") * 20000, (word + " ") * (max_length - 1)])
     assert cut["translation"][0] == cut["translation"][1]
-    np.testing.assert_allclose(cut["score"][0], cut["score"][1], rtol=1e-6)
+    np.testing.assert_allclose(cut["score"][0], cut["score"][1], **SCORE_TOLERANCE)
     # Outputs have at most max_length + max_length_b tokens.
     pieces = tokenizer.tokenize(cut["translation"]).row_lengths().numpy()
     assert np.all(pieces <= max_length + 50)

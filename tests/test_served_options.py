@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from conftest import loaded_export
+from conftest import SCORE_TOLERANCE, loaded_export
 from search_helpers import _length_penalty
 from export.signatures import SIGNATURE
 from keras_transformer import BOS_ID, PAD_ID, UNK_ID
@@ -136,7 +136,7 @@ def test_an_omitted_option_is_the_exports_value_in_the_signature_def_and_in_the_
     served, text = loaded_export(path), tf.constant(BINDING)
     best, result = served.translate(text), served.options(text)
     np.testing.assert_array_equal(result["translation"], best["translation"])
-    np.testing.assert_allclose(result["score"], best["score"], rtol=1e-6)
+    np.testing.assert_allclose(result["score"], best["score"], **SCORE_TOLERANCE)
     assert not np.any(result["cut"])
     table = served.options(text, **_inputs({name: [OPTION[name].default] for name in EXPORTED}))
     assert np.any(table["translation"].numpy() != result["translation"].numpy())
