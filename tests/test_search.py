@@ -134,10 +134,10 @@ def test_every_execution_gives_the_same_translations(execution, every_execution_
     for name, graph in graphs.items():
         result = graph(sources)
         np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=name)
-        np.testing.assert_allclose(result.scores, reference.scores, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(result.scores, reference.scores, **SCORE_TOLERANCE, err_msg=name)
     result = tf.function(lambda s: greedy_search(model, s, max_length_b=5, execution=execution))(sources)
     np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg="greedy")
-    np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg="greedy")
+    np.testing.assert_allclose(result.scores, expected.scores, **SCORE_TOLERANCE, err_msg="greedy")
 
 
 def test_execution_refuses_what_cannot_run_and_chooses_the_measured_on_cpus():
@@ -270,7 +270,7 @@ def test_a_sentence_alone_equals_it_in_a_batch(rng):
             width = alone.tokens.shape[-1]
             np.testing.assert_array_equal(batched.tokens[row, :width], alone.tokens[0])
             assert not np.any(batched.tokens[row, width:])
-            np.testing.assert_allclose(batched.scores[row], alone.scores[0], rtol=1e-5)
+            np.testing.assert_allclose(batched.scores[row], alone.scores[0], **SCORE_TOLERANCE)
 
 
 @pytest.mark.parametrize("search", [greedy_search, beam_search])
@@ -352,7 +352,7 @@ def test_greedy_search_continues_a_target_prefix_by_the_most_likely_tokens(rng):
         tokens = np.asarray(result.tokens[row])
         assert list(tokens[tokens != PAD_ID]) == output
         expected = _log_prob(model, source, hypothesis) / _length_penalty(len(hypothesis), 0.6)
-        np.testing.assert_allclose(result.scores[row], expected, rtol=1e-5)
+        np.testing.assert_allclose(result.scores[row], expected, **SCORE_TOLERANCE)
 
 
 @pytest.mark.slow  # XLA
@@ -371,7 +371,7 @@ def test_an_empty_target_prefix_changes_nothing_and_xla_forces_as_the_graph_does
     xla = tf.function(lambda s, p: search(model, s, max_length_b=4, target_prefix=p,
                                           execution=Execution.choose(compiled=True)), jit_compile=True)(sources, prefixes)  # fmt: skip
     np.testing.assert_array_equal(xla.tokens, graph.tokens)
-    np.testing.assert_allclose(xla.scores, graph.scores, rtol=1e-5)
+    np.testing.assert_allclose(xla.scores, graph.scores, **SCORE_TOLERANCE)
 
 
 class _FixedLogits:
@@ -447,7 +447,7 @@ def test_per_sentence_sampling_options_in_one_batch_equal_each_sentence_sampled_
         length = alone.tokens.shape[2]
         np.testing.assert_array_equal(np.asarray(batch.tokens)[row, :, :length], alone.tokens[0], err_msg=str(row))
         assert not np.any(np.asarray(batch.tokens)[row, :, length:])
-        np.testing.assert_allclose(np.asarray(batch.scores)[row], alone.scores[0], rtol=1e-5, err_msg=str(row))
+        np.testing.assert_allclose(np.asarray(batch.scores)[row], alone.scores[0], **SCORE_TOLERANCE, err_msg=str(row))
 
 
 def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_any_batch(rng):
@@ -459,7 +459,7 @@ def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_an
     top_1 = sample_search(model, sources, 7, num_samples=2, top_k=1, max_length_b=4)
     for sample in range(2):
         np.testing.assert_array_equal(top_1.tokens[:, sample], greedy.tokens)
-        np.testing.assert_allclose(top_1.scores[:, sample], greedy.scores, rtol=1e-5)
+        np.testing.assert_allclose(top_1.scores[:, sample], greedy.scores, **SCORE_TOLERANCE)
     seeds = np.array([1, 2, 3, 4], "int32")
     sampled = sample_search(model, sources, seeds, num_samples=3, temperature=2.0, max_length_b=4)
     again = tf.function(lambda s: sample_search(model, s, seeds, num_samples=3, temperature=2.0, max_length_b=4))(sources)
