@@ -1,6 +1,7 @@
 """Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, JAX's
-compilation cache for the JAX processes that tests start, the slow tests first; what the
-TensorFlow and the JAX checks of one feature share; one load of each shared export a process."""
+compilation cache for the JAX processes that tests start, the slow tests first; the tolerance
+of scores computed two ways; what the TensorFlow and the JAX checks of one feature share; one
+load of each shared export a process."""
 
 import contextlib
 import functools
@@ -28,6 +29,10 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
     [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
 )
+
+
+# Scores computed two ways (graphs, batches, XLA) round up to ~2e-6 apart, by CPU; a wrong term or penalty, far more.
+SCORE_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 
 CENSUS_VARIABLE = "KERAS_TRANSFORMER_CENSUS"

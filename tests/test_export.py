@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import _types_of, assert_stock_cpu_graph, loaded_export
+from conftest import SCORE_TOLERANCE, _types_of, assert_stock_cpu_graph, loaded_export
 from export.serving import PARALLEL_SEARCHES
 from export.signatures import SIGNATURE, SIGNATURES
 from keras_transformer.search import DecodingSettings
@@ -356,7 +356,7 @@ def test_server_side_batching_merges_requests_of_different_list_lengths(exported
             if key == "translations":
                 np.testing.assert_array_equal(mine[:, :width], alone[key])
             else:  # other rows beside it: float noise
-                np.testing.assert_allclose(mine[:, :width], alone[key], rtol=1e-5, err_msg=key)
+                np.testing.assert_allclose(mine[:, :width], alone[key], **SCORE_TOLERANCE, err_msg=key)
             assert np.all(mine[:, width:] == (b"" if key == "translations" else -1e9)), key
         start += rows
 
@@ -397,7 +397,7 @@ def test_n_best_lists_start_with_the_translation_are_sorted_and_refuse_an_n_beyo
     for n, result in lists.items():
         assert result["translations"].shape == result["scores"].shape == (len(SENTENCES), n)
         np.testing.assert_array_equal(result["translations"][:, 0], best["translation"])
-        np.testing.assert_allclose(result["scores"][:, 0], best["score"], rtol=1e-5)
+        np.testing.assert_allclose(result["scores"][:, 0], best["score"], **SCORE_TOLERANCE)
         np.testing.assert_array_equal(result["translations"], lists[4]["translations"][:, :n])
     assert np.all(np.diff(lists[4]["scores"].numpy(), axis=1) <= 0)
     assert all(len(set(row)) == 4 for row in lists[4]["translations"].numpy())
@@ -434,7 +434,7 @@ def test_alignments_are_the_models_attention_for_the_translation_it_serves(expor
     result = {key: value.numpy() for key, value in signature(text=tf.constant(SENTENCES)).items()}
     best = loaded.translate(tf.constant(SENTENCES))
     np.testing.assert_array_equal(result["translation"], best["translation"])
-    np.testing.assert_allclose(result["score"], best["score"], rtol=1e-5)
+    np.testing.assert_allclose(result["score"], best["score"], **SCORE_TOLERANCE)
     run = RunFolder(run_dir)
     tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
     source_ids = tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor().numpy()
@@ -464,7 +464,7 @@ def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_lo
     best = loaded.translate(tf.constant(SENTENCES))
     empty = signature(text=tf.constant(SENTENCES), prefix=tf.constant(["", "", ""]))
     np.testing.assert_array_equal(empty["translation"], best["translation"])
-    np.testing.assert_allclose(empty["score"], best["score"], rtol=1e-6)
+    np.testing.assert_allclose(empty["score"], best["score"], **SCORE_TOLERANCE)
     # Each sentence's own prefix, one that its best translation does not start with, or none.
     prefixes = ["Der kleine Hund", "Meine", ""]
     assert not any(t.decode().startswith(p) for t, p in zip(best["translation"].numpy()[:2], prefixes[:2]))
@@ -476,7 +476,7 @@ def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_lo
     expected = decode(model, tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor(), DecodingSettings(),
                       target_prefix=tokenizer.tokenize(tf.constant(prefixes)).to_tensor())  # fmt: skip
     np.testing.assert_array_equal(result["translation"], tokenizer.detokenize(expected.tokens))
-    np.testing.assert_allclose(result["score"], expected.scores, rtol=1e-5)
+    np.testing.assert_allclose(result["score"], expected.scores, **SCORE_TOLERANCE)
     # A prefix as long as the translation may be is served; one piece more is refused.
     word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.tokenize(w)) == 1)
     longest = signature(text=tf.constant(["a"]), prefix=tf.constant([" ".join([word] * (len(tokenizer.tokenize("a")) + 1 + 50))]))
@@ -508,7 +508,7 @@ def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_o
     top_1 = sample(top_k=1)
     for column in range(3):
         np.testing.assert_array_equal(top_1["translations"][:, column], greedy["translation"])
-        np.testing.assert_allclose(top_1["scores"][:, column], greedy["score"], rtol=1e-5)
+        np.testing.assert_allclose(top_1["scores"][:, column], greedy["score"], **SCORE_TOLERANCE)
     drawn = sample(temperature=1.5, top_p=0.95)
     np.testing.assert_array_equal(sample(temperature=1.5, top_p=0.95)["translations"], drawn["translations"])
     assert len(set(drawn["translations"].ravel())) > 4
@@ -519,7 +519,7 @@ def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_o
                              temperature=1.5, top_p=0.95)  # fmt: skip
     texts = tokenizer.detokenize(tf.reshape(expected.tokens, [9, -1])).numpy().reshape(3, 3)
     np.testing.assert_array_equal(drawn["translations"], texts)
-    np.testing.assert_allclose(drawn["scores"], expected.scores, rtol=1e-5)
+    np.testing.assert_allclose(drawn["scores"], expected.scores, **SCORE_TOLERANCE)
     alone = sample(text=SENTENCES[1:2], temperature=1.5, top_p=0.95, seed=[6])
     np.testing.assert_array_equal(alone["translations"][0], drawn["translations"][1])
     # Each sentence its own count: as many columns as the largest, the others padded.
@@ -591,7 +591,7 @@ def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
     word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.tokenize(w)) == 1)
     cut = translate([(word + " ") * 20000, (word + " ") * (max_length - 1)])
     assert cut["translation"][0] == cut["translation"][1]
-    np.testing.assert_allclose(cut["score"][0], cut["score"][1], rtol=1e-6)
+    np.testing.assert_allclose(cut["score"][0], cut["score"][1], **SCORE_TOLERANCE)
     # Outputs have at most max_length + max_length_b tokens.
     pieces = tokenizer.tokenize(cut["translation"]).row_lengths().numpy()
     assert np.all(pieces <= max_length + 50)

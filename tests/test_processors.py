@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import SCORE_TOLERANCE
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.search import OPTION, Execution, beam_search, greedy_search, sample_search
 from keras_transformer.search.input_length import cut
@@ -157,7 +158,7 @@ def test_greedy_search_takes_the_best_allowed_token_at_each_step_and_sampling_ne
     # Sampling draws from the processed log-probabilities: with top_k 1 it is greedy search.
     top_1 = sample_search(model, sources, 0, top_k=1, alpha=0.6, max_length=LIMIT, **options)
     np.testing.assert_array_equal(np.asarray(top_1.tokens)[:, 0], greedy.tokens)
-    np.testing.assert_allclose(np.asarray(top_1.scores)[:, 0], greedy.scores, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(top_1.scores)[:, 0], greedy.scores, **SCORE_TOLERANCE)
     def banned(samples):
         """The outputs drawn in `samples` that `options` forbid."""
         found = []
@@ -212,7 +213,7 @@ def test_options_that_differ_per_sentence_give_each_sentence_what_it_gets_alone(
                  for name, values in options.items()}  # fmt: skip
         expected = beam_search(model, sources[row : row + 1], max_length_b=5, **alone)
         np.testing.assert_array_equal(np.asarray(batched.tokens[row])[: expected.tokens.shape[1]], expected.tokens[0])
-        np.testing.assert_allclose(batched.scores[row], expected.scores[0], rtol=1e-5)
+        np.testing.assert_allclose(batched.scores[row], expected.scores[0], **SCORE_TOLERANCE)
         drawn = sample_search(model, sources[row : row + 1], row, num_samples=3, top_k=5, max_length_b=5, **alone)
         np.testing.assert_array_equal(np.asarray(sampled.tokens[row])[:, : drawn.tokens.shape[2]], drawn.tokens[0])
     assert len({tuple(row) for row in np.asarray(batched.tokens)}) == len(sources)
@@ -229,7 +230,7 @@ def test_per_sentence_values_that_turn_nothing_on_change_nothing(rng):
     result = tf.function(lambda s: beam_search(model, s, width=4, max_length_b=5, **off))(sources)
     plain = beam_search(model, sources, max_length_b=5)
     np.testing.assert_array_equal(result.tokens, plain.tokens)
-    np.testing.assert_allclose(result.scores, plain.scores, rtol=1e-5)
+    np.testing.assert_allclose(result.scores, plain.scores, **SCORE_TOLERANCE)
 
 
 @pytest.mark.parametrize("search", [greedy_search, functools.partial(beam_search, width=4)], ids=["greedy", "beam"])
@@ -244,7 +245,7 @@ def test_xla_and_the_graph_process_as_eager_does(search, xla, rng):
     result = tf.function(lambda s: search(model, s, max_length_b=5, execution=Execution.choose(compiled=xla), **options),
                          jit_compile=xla)(sources)  # fmt: skip
     np.testing.assert_array_equal(result.tokens, eager.tokens)
-    np.testing.assert_allclose(result.scores, eager.scores, rtol=1e-5)
+    np.testing.assert_allclose(result.scores, eager.scores, **SCORE_TOLERANCE)
     plain = search(model, sources, max_length_b=5)
     assert not np.array_equal(plain.tokens, eager.tokens)
 

@@ -4,6 +4,7 @@ score a search gave its own outputs."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import SCORE_TOLERANCE
 from search_helpers import _length_penalty, _model, _sources
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
@@ -36,11 +37,11 @@ def test_score_is_a_full_forward_pass(rows_at_once, graph):
     scoring = tf.function(score, reduce_retracing=True) if graph else score
     result = scoring(model, source_ids, target_ids, alpha, rows_at_once=rows_at_once)
     expected = _reference(model, source_ids, target_ids)
-    np.testing.assert_allclose(result.token_log_probs, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.token_log_probs, expected, **SCORE_TOLERANCE)
     np.testing.assert_array_equal(result.length, lengths)
-    np.testing.assert_allclose(result.log_prob, expected.sum(-1), rtol=1e-5)
+    np.testing.assert_allclose(result.log_prob, expected.sum(-1), **SCORE_TOLERANCE)
     penalties = [_length_penalty(length, a) for length, a in zip(lengths, alpha.tolist())]  # GNMT's, written out
-    np.testing.assert_allclose(result.score, expected.sum(-1) / penalties, rtol=1e-5)
+    np.testing.assert_allclose(result.score, expected.sum(-1) / penalties, **SCORE_TOLERANCE)
 
 
 def test_score_of_no_sentences_is_empty():  # a parallel slice of a served request may be (graphs only)

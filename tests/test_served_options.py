@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from conftest import loaded_export
+from conftest import SCORE_TOLERANCE, loaded_export
 from search_helpers import _length_penalty
 from export.signatures import SIGNATURE
 from keras_transformer import BOS_ID, PAD_ID, UNK_ID
@@ -136,7 +136,7 @@ def test_an_omitted_option_is_the_exports_value_in_the_signature_def_and_in_the_
     served, text = loaded_export(path), tf.constant(BINDING)
     best, result = served.translate(text), served.options(text)
     np.testing.assert_array_equal(result["translation"], best["translation"])
-    np.testing.assert_allclose(result["score"], best["score"], rtol=1e-6)
+    np.testing.assert_allclose(result["score"], best["score"], **SCORE_TOLERANCE)
     assert not np.any(result["cut"])
     table = served.options(text, **_inputs({name: [OPTION[name].default] for name in EXPORTED}))
     assert np.any(table["translation"].numpy() != result["translation"].numpy())
@@ -171,7 +171,7 @@ def test_each_option_alone_where_it_binds_decodes_as_the_library(customised):
     for index, (option, result) in enumerate(results.items()):
         part = slice(index * len(BINDING), (index + 1) * len(BINDING))
         np.testing.assert_array_equal(result["translation"], translations[part], err_msg=option)
-        np.testing.assert_allclose(result["score"], scores[part], rtol=1e-5, err_msg=option)
+        np.testing.assert_allclose(result["score"], scores[part], **SCORE_TOLERANCE, err_msg=option)
         np.testing.assert_array_equal(result["cut"], was_cut[part], err_msg=option)
 
 
@@ -187,7 +187,7 @@ def test_per_sentence_options_give_what_the_library_gives_each_sentence(served, 
     longest = int(model.config.max_length * DecodingSettings.max_length_a) + DecodingSettings.max_length_b
     expected = decode(model, source_ids, settings, width=4, max_length=longest)
     np.testing.assert_array_equal(result["translation"], tokenizer.detokenize(expected.tokens))
-    np.testing.assert_allclose(result["score"], expected.scores, rtol=1e-5)
+    np.testing.assert_allclose(result["score"], expected.scores, **SCORE_TOLERANCE)
     np.testing.assert_array_equal(result["cut"], was_cut)
     assert result["cut"].numpy().tolist() == [False, True, False]
     translations = [t.decode() for t in result["translation"].numpy()]

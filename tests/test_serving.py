@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import SCORE_TOLERANCE
 from export.serving import SERVED_EXECUTION, in_parallel
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.search import DecodingSettings, decode
@@ -41,7 +42,7 @@ def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
             result = graph(sources)
             assert result.tokens.shape == expected.tokens.shape, name
             np.testing.assert_array_equal(result.tokens, expected.tokens, err_msg=name)
-            np.testing.assert_allclose(result.scores, expected.scores, rtol=1e-5, err_msg=name)
+            np.testing.assert_allclose(result.scores, expected.scores, **SCORE_TOLERANCE, err_msg=name)
 
 
 SOURCES = ["a dog sees a cat", "the red car"]

@@ -8,6 +8,7 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
+from conftest import SCORE_TOLERANCE
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, TransformerConfig
 from keras_transformer.search import beam_search, decode, sample_search
 from keras_transformer.search import DecodingSettings, Execution
@@ -153,7 +154,7 @@ def test_every_search_equals_the_full_vocabularys_with_the_other_tokens_banned(b
     ours = search_over(vocabulary, decode, model, sources, settings, prefix)
     reference = decode(_Masked(model, ids), sources, settings, target_prefix=prefix)
     np.testing.assert_array_equal(ours.tokens, reference.tokens)
-    np.testing.assert_allclose(ours.scores, reference.scores, rtol=1e-5)
+    np.testing.assert_allclose(ours.scores, reference.scores, **SCORE_TOLERANCE)
     tokens = np.asarray(ours.tokens)
     assert set(tokens.flatten()) <= ids
     assert tokens[0, 0, :2].tolist() == [39, 38] and tokens[2, 0, 0] == 38
@@ -322,7 +323,7 @@ def test_an_export_with_a_shortlist_learns_the_runs_table_and_serves_the_library
     loaded = tf.saved_model.load(path)
     served = loaded.translate(tf.constant(sentences))
     assert served["translation"].numpy().tolist() == tokenizer.detokenize(expected.tokens).numpy().tolist()
-    np.testing.assert_allclose(served["score"], expected.scores, rtol=1e-5)
+    np.testing.assert_allclose(served["score"], expected.scores, **SCORE_TOLERANCE)
     assert len(np.asarray(vocabulary)) < pieces.get_piece_size() / 2  # the test scores fewer tokens
     # Against the whole vocabulary's export on the test split, a sentence a request (its own
     # candidates alone): nearly always the same translation, and the same BLEU within a point.
