@@ -16,46 +16,31 @@ from conftest import loaded_export
 from training import languages, learning_curve
 from training.run_folder import RunFolder
 
-# The smoke modes run in two processes, each on a worker of its own (an xdist group): those that
-# train a run folder of their own, and the others.
-def _group(name):
-    return "bench-training" if smoke.BENCHMARKS[name].run_folder else "bench-other"
-
-
 @pytest.fixture(scope="module")
 def smoke_runs(artifacts, tmp_path_factory):
-    """smoke_runs(group): `python -m bench --smoke` of the benchmarks of `group`, in one process,
-    on the suite's shared run and exports (bench/smoke.py's variables, set by the artifacts
-    fixture), once a worker. Returns ({module: its output lines}, standard error, the folder of
-    their run folders)."""
-    done = {}
-
-    def run(group):
-        if group not in done:
-            runs = tmp_path_factory.mktemp("bench-runs")
-            names = [f"bench.{name}" for name in smoke.BENCHMARKS if _group(name) == group]
-            result = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--runs", str(runs), *names],
-                                    capture_output=True, text=True, timeout=1800)  # fmt: skip
-            assert result.returncode == 0, result.stderr[-4000:]
-            outputs, module = {}, None
-            for line in result.stdout.splitlines():
-                if line.startswith("== "):
-                    module = line[3:]
-                    outputs[module] = []
-                elif module:
-                    outputs[module].append(line)
-            done[group] = outputs, result.stderr, runs
-        return done[group]
-
-    return run
+    """`python -m bench --smoke`: every benchmark's smoke mode in one process, on the suite's
+    shared run and exports (bench/smoke.py's variables, set by the artifacts fixture). Returns
+    ({module: its output lines}, standard error, the folder of their run folders)."""
+    runs = tmp_path_factory.mktemp("bench-runs")
+    result = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--runs", str(runs)], capture_output=True, text=True,
+                            timeout=1800)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    outputs, module = {}, None
+    for line in result.stdout.splitlines():
+        if line.startswith("== "):
+            module = line[3:]
+            outputs[module] = []
+        elif module:
+            outputs[module].append(line)
+    return outputs, result.stderr, runs
 
 
 # Each runs its whole benchmark (several processes for some; some train for a few steps): slow.
 @pytest.mark.slow
-@pytest.mark.parametrize("module", [pytest.param(f"bench.{name}", marks=pytest.mark.xdist_group(_group(name)))
-                                    for name in sorted(smoke.BENCHMARKS)])  # fmt: skip
+@pytest.mark.xdist_group("bench")
+@pytest.mark.parametrize("module", [f"bench.{name}" for name in sorted(smoke.BENCHMARKS)])
 def test_benchmark_smoke_mode_prints_json_lines(module, smoke_runs, artifacts):
-    outputs, stderr, runs = smoke_runs(_group(module.removeprefix("bench.")))
+    outputs, stderr, runs = smoke_runs
     output = "\n".join(outputs[module])
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     name = module.removeprefix("bench.")
