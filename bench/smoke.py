@@ -147,6 +147,6 @@ BENCHMARKS = {
         {"updates", "accumulate_steps", "seconds_per_update", "checkpoints", "averaged", "bleu", "signature", "bleu_paper",
          "bleu_paper_signature", "peak_rss_mb"},
         lambda s: [[f"--data={corpus(s, ('train', 'dev', 'test'))}", "--config=tiny", *MECHANICS, "--steps=4",
-                    "--batch-tokens=1024", "--checkpoint-every=4"]],
+                    "--batch-tokens=1024", "--checkpoint-every=2", "--average-last=2"]],
         run_folder=True),
 }  # fmt: skip
