@@ -6,14 +6,16 @@ runs in this process, bench/common.py's ONE_PROCESS).
     python -m bench --smoke bench.decode bench.real_serving
     python -m bench --smoke --runs DIR               # benchmarks that make a run folder keep it in DIR/NAME
 
-Each benchmark's JSON lines follow a line `== bench.NAME`. The process runs TensorFlow with the
+Each benchmark's JSON lines follow a line `== bench.NAME`; its seconds go to standard error. The process runs TensorFlow with the
 README's serving threads (`export.serving.use_serving_threads`), set before any benchmark runs.
 """
 
 import argparse
 import importlib
 import os
+import sys
 import tempfile
+import time
 
 from bench import common, smoke
 
@@ -36,8 +38,10 @@ def main(argv=None):
             benchmark = smoke.BENCHMARKS[name]
             kept = [f"--run-dir={os.path.join(args.runs or scratch, name)}"] if benchmark.run_folder else []
             print(f"== bench.{name}", flush=True)
+            start = time.monotonic()
             for flags in benchmark.flags(scratch):
                 importlib.import_module(f"bench.{name}").main([*flags, *kept])
+            print(f"bench.{name}'s smoke mode took {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

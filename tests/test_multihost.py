@@ -105,9 +105,10 @@ def accumulated(artifacts):
 
 @pytest.fixture(scope="module")
 def two_processes(corpus, accumulated, tmp_path_factory):
-    """A run of 12 updates of 2 batches by two processes from the suite's JAX run, never interrupted."""
+    """A run of 12 updates of 2 batches by two processes from the suite's JAX run, never interrupted,
+    ending with the average of its last 2 checkpoints."""
     run_dir = tmp_path_factory.mktemp("two") / "run"
-    outputs = _run(run_dir, corpus, *accumulated)
+    outputs = _run(run_dir, corpus, *accumulated, "--average-last", "2")
     return run_dir, outputs
 
 
@@ -143,6 +144,16 @@ def test_two_processes_train_as_one_process_of_four_devices(two_processes, corpu
         atol = 1e-2 if name.endswith("key_bias") else 1e-4
         np.testing.assert_allclose(two, one, rtol=1e-4, atol=atol, err_msg=name)
     assert not np.allclose(_weights(run_dir, 4)[0][1], _weights(run_dir, 12)[0][1])  # it trained
+
+    # Process 0 averaged the last 2 checkpoints; process 1 waited for the file and loaded it too (else it would
+    # have failed to read it).
+    averaged = RunFolder(str(run_dir)).checkpoint("averaged")
+    assert f"Averaged the last 2 checkpoints (steps 8, 12) into {averaged}." in outputs[0]
+    assert "Averaged" not in outputs[1]
+    model = Transformer(RunFolder(str(run_dir)).config())
+    model.load_weights(averaged)
+    for weight, (_, at_8), (_, at_12) in zip(model.weights, _weights(run_dir, 8), _weights(run_dir, 12)):
+        np.testing.assert_allclose(weight.numpy(), (at_8 + at_12) / 2, rtol=1e-6, atol=1e-7, err_msg=weight.name)
 
 
 def _kill_after_the_first_checkpoint(run_dir, corpus, killed, *flags, ends_within):

@@ -202,6 +202,7 @@ def _per_sentence_options(batch):
     )
 
 
+@pytest.mark.slow
 def test_options_that_differ_per_sentence_give_each_sentence_what_it_gets_alone(rng):
     model = _model(30, seed=23)
     sources = _sources(rng, [5, 3, 6, 2, 4, 7], 30)
@@ -219,6 +220,7 @@ def test_options_that_differ_per_sentence_give_each_sentence_what_it_gets_alone(
     assert len({tuple(row) for row in np.asarray(batched.tokens)}) == len(sources)
 
 
+@pytest.mark.slow
 def test_per_sentence_values_that_turn_nothing_on_change_nothing(rng):
     """As the `options` signature passes a request that sets no option: every processor's value a
     tensor, each step's `cond` skipping it."""
@@ -233,8 +235,9 @@ def test_per_sentence_values_that_turn_nothing_on_change_nothing(rng):
     np.testing.assert_allclose(result.scores, plain.scores, **SCORE_TOLERANCE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", [greedy_search, functools.partial(beam_search, width=4)], ids=["greedy", "beam"])
-@pytest.mark.parametrize("xla", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["graph", "XLA"])
+@pytest.mark.parametrize("xla", [False, True], ids=["graph", "XLA"])
 def test_xla_and_the_graph_process_as_eager_does(search, xla, rng):
     model = _model(30, seed=24)
     sources = _sources(rng, [5, 3, 6, 2, 4, 7], 30)

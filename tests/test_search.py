@@ -450,6 +450,7 @@ def test_per_sentence_sampling_options_in_one_batch_equal_each_sentence_sampled_
         np.testing.assert_allclose(np.asarray(batch.scores)[row], alone.scores[0], **SCORE_TOLERANCE, err_msg=str(row))
 
 
+@pytest.mark.slow
 def test_sampling_with_top_k_1_is_greedy_and_a_seed_gives_the_same_samples_in_any_batch(rng):
     from keras_transformer.search import SamplingSettings, sample_search
 

@@ -16,6 +16,7 @@ from keras_transformer.search import DecodingSettings, decode
 from training.languages import tag, tagged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_parallel_searches_give_what_one_search_gives(beam_size, rng):
     keras.utils.set_random_seed(8)

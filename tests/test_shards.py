@@ -158,6 +158,7 @@ tokenized.TokenizedShards(text, tokenizer, tokenized_dir, seed=7).write_all()
 """
 
 
+@pytest.mark.slow
 def test_a_run_killed_while_writing_shards_leaves_none_that_the_next_run_trusts(synthetic_corpus, synthetic_sentencepiece, tmp_path):
     folder = _write_folder(tmp_path / "corpus", synthetic_corpus.text_pairs("train", 1200))
     with open(os.path.join(folder, "tokenizer.model"), "wb") as f:
@@ -187,6 +188,7 @@ def test_a_run_killed_while_writing_shards_leaves_none_that_the_next_run_trusts(
     assert collections.Counter(_read(resumed.dataset(), 1200)) == _ids(tokenizer, synthetic_corpus.text_pairs("train", 1200))
 
 
+@pytest.mark.slow
 def test_an_iterator_saved_while_the_shards_are_written_resumes_with_the_same_batches(synthetic_corpus, synthetic_tokenizer,
                                                                                       tmp_path):  # fmt: skip
     text = _Slow(synthetic_corpus.text_pairs("train", 20000), pairs_per_shard=100)

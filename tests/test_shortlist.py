@@ -160,6 +160,7 @@ def test_every_search_equals_the_full_vocabularys_with_the_other_tokens_banned(b
     assert tokens[0, 0, :2].tolist() == [39, 38] and tokens[2, 0, 0] == 38
 
 
+@pytest.mark.slow
 def test_under_xla_the_candidates_of_a_static_size_give_the_graphs_translations(rng):
     model = _model(40, seed=24)
     table = rng.integers(4, 40, size=(40, 2)).astype("int32")

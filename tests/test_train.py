@@ -129,6 +129,7 @@ def test_mirrored_strategy_equals_one_device(synthetic_corpus, synthetic_tokeniz
     assert not np.allclose(single_weights[0], weights[0])
 
 
+@pytest.mark.slow
 def test_the_step_is_traced_once_across_buckets(synthetic_corpus, synthetic_tokenizer, tokenize):
     trainer = _trainer(_small_config(synthetic_tokenizer), jit_compile=False)  # tracing is before XLA
     batches = data.training_batches(tokenize(synthetic_corpus, synthetic_tokenizer), batch_tokens=256, max_length=24)
@@ -273,6 +274,7 @@ def test_the_process_flags_and_heartbeat_reach_jax_distributed_initialize(tmp_pa
         assert joined.value.args == (("127.0.0.1:1234", 2, 1), {"heartbeat_timeout_seconds": heartbeat})
 
 
+@pytest.mark.slow
 def test_schedule_smoothing_and_model_flags_reach_the_optimizer_the_loss_and_the_model(tmp_path, monkeypatch):
     import training.backends.tensorflow as tensorflow_backend
     import training.train as train_module
