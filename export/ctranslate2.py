@@ -5,7 +5,8 @@ the run's model as a model directory of CTranslate2, a C++ inference engine for 
 The weights map one to one: our post-norm layers are its `pre_norm=False` layers (each stack of
 its own depth), W^Q, W^K, W^V fused as it stores them, the shared embedding (scaled by
 sqrt(d_model)) as both embeddings and the output projection, and our position table (the
-sinusoids, or the learned one) as its position encodings. Its vocabulary is the SentencePiece
+sinusoids in either layout, or the learned one) as its position encodings, the feed-forward
+activation, the LayerNorms' epsilon and the logits' bias. Its vocabulary is the SentencePiece
 pieces, so the usual recipe translates (export/README.md):
 
     pieces = sentencepiece.SentencePieceProcessor(model_file="OUT/sentencepiece.model")
@@ -31,8 +32,8 @@ quiet_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
+from keras_transformer.common import PAD_ID  # noqa: E402
 from keras_transformer.positional_encoding import sinusoids  # noqa: E402
-from keras_transformer.residual import LAYER_NORM_EPSILON  # noqa: E402
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")  # CTranslate2's weight types here (int8: int8 products)
 SINUSOID_POSITIONS = 1024  # rows of a sinusoid table: CTranslate2's default max_input_length
@@ -60,28 +61,31 @@ def convert(model, directory, vocabulary, quantization="float32", add_source_eos
             that pass it themselves).
         files: {name: path} of files copied into the model directory (the SentencePiece model).
     """
-    from ctranslate2.specs import transformer_spec
+    from ctranslate2.specs import common_spec, transformer_spec
 
     config = model.config
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization {quantization!r}: choose {', '.join(QUANTIZATIONS)}.")
     if len(vocabulary) != config.vocab_size:
         raise ValueError(f"The vocabulary has {len(vocabulary)} tokens; the model has {config.vocab_size}.")
+    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH}[config.activation]
     spec = transformer_spec.TransformerSpec.from_config((config.encoder_layers, config.decoder_layers), config.num_heads,
-                                                        pre_norm=False)  # fmt: skip
-    spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+                                                        pre_norm=False, activation=activation)  # fmt: skip
+    spec.config.layer_norm_epsilon = config.layer_norm_epsilon
     spec.config.add_source_eos = add_source_eos
     embedding = _numpy(model.embedding.embeddings)
     if model.positional_encoding.learned:
         table = _numpy(model.positional_encoding.table)
     else:
-        table = np.asarray(sinusoids(np.arange(max(SINUSOID_POSITIONS, config.max_length)), config.d_model), np.float32)
+        positions = np.arange(max(SINUSOID_POSITIONS, config.max_length))
+        table = np.asarray(sinusoids(positions, config.d_model, model.positional_encoding.halves), np.float32)
     for stack_spec in (spec.encoder, spec.decoder):
         stack_spec.position_encodings.encodings = table
     spec.encoder.embeddings[0].weight = embedding
     spec.decoder.embeddings.weight = embedding
     spec.decoder.projection.weight = embedding  # logits = x E^T
-    spec.decoder.projection.bias = np.where(np.arange(config.vocab_size) == 0, PADDING_LOGIT, 0.0).astype(np.float32)
+    bias = _numpy(model.embedding.bias_or_zeros())  # with padding's, never generated
+    spec.decoder.projection.bias = np.where(np.arange(config.vocab_size) == PAD_ID, PADDING_LOGIT, bias).astype("float32")
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder.layers):
         _attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_norm, fused=True)
         _feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_norm)

@@ -5,7 +5,11 @@ corpora and machines, each a constructor of `TransformerConfig` of its name;
 import dataclasses
 import json
 
-POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
+# The paper's sinusoids (sin and cos interleaved), the same with all sines first (tensor2tensor's
+# and Marian's layout), or a learned table (Table 3 row E).
+POSITIONAL_ENCODINGS = ("sinusoidal", "sinusoidal_halves", "learned")
+ACTIVATIONS = ("relu", "swish")  # the feed-forward network's: the paper's, and Marian's (OPUS-MT)
+LAYER_NORM_EPSILON = 1e-6
 
 # The presets, each a model shape with the training settings that go with it (`training.train
 # --config NAME` reads both). base and big are the paper's (Table 3; section 5: 25,000-token
@@ -89,7 +93,13 @@ class TransformerConfig:
         dropout: P_drop, on every sub-layer output and on embedding + position sums (section 5.4).
         attention_dropout: dropout on the attention weights (0 in the paper).
         relu_dropout: dropout on the feed-forward network's inner activations (0 in the paper).
-        positional_encoding: "sinusoidal" (section 3.5) or "learned" (Table 3 row E).
+        positional_encoding: "sinusoidal" (section 3.5), "sinusoidal_halves" (the same
+            sinusoids, the sines in the first half of the dimensions: Marian, OPUS-MT) or
+            "learned" (Table 3 row E).
+        activation: the feed-forward network's, "relu" (section 3.3) or "swish" (OPUS-MT).
+        layer_norm_epsilon: the epsilon of every LayerNorm.
+        logits_bias: a trained bias `[vocab]` on the output logits (Marian's; the paper's
+            pre-softmax projection has none).
         max_length: the longest sequence in tokens: the rows of a learned position table, and
             the length sources are cut to at serving time.
         num_layers: the shorthand for both depths (the paper's N, default 6): each stack whose
@@ -108,6 +118,9 @@ class TransformerConfig:
     relu_dropout: float = 0.0
     positional_encoding: str = "sinusoidal"
     max_length: int = 256
+    activation: str = "relu"
+    layer_norm_epsilon: float = LAYER_NORM_EPSILON
+    logits_bias: bool = False
     num_layers: dataclasses.InitVar[int | None] = None
 
     def __post_init__(self, num_layers):
@@ -133,11 +146,11 @@ class TransformerConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {value!r}.")
-        if self.positional_encoding not in POSITIONAL_ENCODINGS:
-            raise ValueError(
-                f"TransformerConfig.positional_encoding must be one of {POSITIONAL_ENCODINGS}, "
-                f"got {self.positional_encoding!r}."
-            )
+        for name, choices in (("positional_encoding", POSITIONAL_ENCODINGS), ("activation", ACTIVATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"TransformerConfig.{name} must be one of {choices}, got {getattr(self, name)!r}.")
+        if not 0.0 < self.layer_norm_epsilon < 1.0:
+            raise ValueError(f"TransformerConfig.layer_norm_epsilon must be in (0, 1), got {self.layer_norm_epsilon}.")
 
     @classmethod
     def preset(cls, name, vocab_size, **overrides):

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.cache import GrowingCache, StaticCache
-from keras_transformer.residual import LAYER_NORM_EPSILON, ResidualLayer, Stack
+from keras_transformer.residual import ResidualLayer, Stack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -23,6 +23,8 @@ class DecoderLayer(ResidualLayer):
         dropout: P_drop on each sub-layer's output.
         attention_dropout: dropout on the attention weights.
         relu_dropout: dropout on the feed-forward network's inner activations.
+        activation: the feed-forward network's, "relu" (the paper's) or "swish".
+        layer_norm_epsilon: the LayerNorms' epsilon.
 
     Call arguments:
         inputs: `[batch, target_len, d_model]`.
@@ -43,11 +45,11 @@ class DecoderLayer(ResidualLayer):
     (2, 10, 512)
     """
 
-    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
-        super().__init__(num_heads, d_ff, dropout, attention_dropout, relu_dropout, **kwargs)
-        self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
-        self.cross_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
-        self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.self_attention_norm = self.norm()
+        self.cross_attention_norm = self.norm()
+        self.feed_forward_norm = self.norm()
 
     def build(self, input_shape):
         self.self_attention = self.attention("self_attention", input_shape)
@@ -106,7 +108,8 @@ class Decoder(Stack):
 
     Args:
         num_layers: N.
-        num_heads, d_ff, dropout, attention_dropout, relu_dropout: as for `DecoderLayer`.
+        num_heads, d_ff, dropout, attention_dropout, relu_dropout, activation,
+            layer_norm_epsilon: as for `DecoderLayer`.
 
     Call arguments:
         inputs: embedded target with positions added, `[batch, target_len, d_model]`.

@@ -18,6 +18,8 @@ class SharedEmbedding(keras.layers.Layer):
     Args:
         vocab_size: the shared vocabulary's size.
         d_model: the embedding width.
+        logits_bias: add a trained bias `b` `[vocab]` to the logits, `hidden E^T + b`
+            (Marian's; the paper's projection has none).
 
     Call arguments:
         token_ids: integer `[batch, length]`.
@@ -32,10 +34,11 @@ class SharedEmbedding(keras.layers.Layer):
     (1, 3, 100)
     """
 
-    def __init__(self, vocab_size, d_model, **kwargs):
+    def __init__(self, vocab_size, d_model, logits_bias=False, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
+        self.logits_bias = logits_bias
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -43,15 +46,25 @@ class SharedEmbedding(keras.layers.Layer):
             shape=(self.vocab_size, self.d_model),
             initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5),
         )
+        if self.logits_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.vocab_size,), initializer="zeros")
 
     def call(self, token_ids):
         vectors = ops.take(self.embeddings, token_ids, axis=0)
         return vectors * ops.cast(math.sqrt(self.d_model), vectors.dtype)
 
     def logits(self, hidden):
-        """`hidden E^T`: `[..., d_model]` -> float32 logits `[..., vocab]`."""
+        """`hidden E^T` (+ the bias): `[..., d_model]` -> float32 logits `[..., vocab]`."""
         matrix = ops.cast(self.embeddings, hidden.dtype)
-        return ops.cast(ops.matmul(hidden, ops.transpose(matrix)), "float32")
+        logits = ops.cast(ops.matmul(hidden, ops.transpose(matrix)), "float32")
+        return logits + ops.cast(self.bias, "float32") if self.logits_bias else logits
+
+    def bias_or_zeros(self):
+        """The logits' bias, float32 `[vocab]`: the trained one, or zeros."""
+        if self.logits_bias:
+            return ops.cast(self.bias, "float32")
+        return ops.zeros((self.vocab_size,), "float32")
 
     def get_config(self):
-        return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model}
+        settings = {"vocab_size": self.vocab_size, "d_model": self.d_model, "logits_bias": self.logits_bias}
+        return {**super().get_config(), **settings}

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.residual import LAYER_NORM_EPSILON, ResidualLayer, Stack
+from keras_transformer.residual import ResidualLayer, Stack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -17,6 +17,8 @@ class EncoderLayer(ResidualLayer):
         dropout: P_drop on each sub-layer's output.
         attention_dropout: dropout on the attention weights.
         relu_dropout: dropout on the feed-forward network's inner activations.
+        activation: the feed-forward network's, "relu" (the paper's) or "swish".
+        layer_norm_epsilon: the LayerNorms' epsilon.
 
     Call arguments:
         inputs: `[batch, source_len, d_model]`.
@@ -32,10 +34,10 @@ class EncoderLayer(ResidualLayer):
     (2, 10, 512)
     """
 
-    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
-        super().__init__(num_heads, d_ff, dropout, attention_dropout, relu_dropout, **kwargs)
-        self.self_attention_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
-        self.feed_forward_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.self_attention_norm = self.norm()
+        self.feed_forward_norm = self.norm()
 
     def build(self, input_shape):
         self.self_attention = self.attention("self_attention", input_shape)
@@ -55,7 +57,8 @@ class Encoder(Stack):
 
     Args:
         num_layers: N.
-        num_heads, d_ff, dropout, attention_dropout, relu_dropout: as for `EncoderLayer`.
+        num_heads, d_ff, dropout, attention_dropout, relu_dropout, activation,
+            layer_norm_epsilon: as for `EncoderLayer`.
 
     Call arguments:
         inputs: embedded source with positions added, `[batch, source_len, d_model]`.

@@ -13,6 +13,8 @@ class PositionwiseFeedForward(keras.layers.Layer):
         d_ff: the inner width (2048 in the base model).
         dropout: dropout on the inner activations `max(0, x W_1 + b_1)` (0 in the paper; the
             Tensor2Tensor code's "relu dropout").
+        activation: the paper's "relu" (`max(0, .)`), or "swish" (`x sigmoid(x)`, Marian's and
+            OPUS-MT's).
         kernel_initializer: initializer of W_1 and W_2.
 
     Call arguments:
@@ -28,14 +30,15 @@ class PositionwiseFeedForward(keras.layers.Layer):
     (2, 10, 512)
     """
 
-    def __init__(self, d_ff, dropout=0.0, kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, d_ff, dropout=0.0, activation="relu", kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         self.d_ff = d_ff
         self.dropout = dropout
+        self.activation = activation
         self.dropout_layer = keras.layers.Dropout(dropout)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.inner = keras.layers.Dense(
-            d_ff, activation="relu", kernel_initializer=fresh_initializer(self.kernel_initializer), name="inner"
+            d_ff, activation=activation, kernel_initializer=fresh_initializer(self.kernel_initializer), name="inner"
         )
         self.outer = None
 
@@ -54,5 +57,6 @@ class PositionwiseFeedForward(keras.layers.Layer):
             **super().get_config(),
             "d_ff": self.d_ff,
             "dropout": self.dropout,
+            "activation": self.activation,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
         }

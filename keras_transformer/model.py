@@ -11,6 +11,7 @@ from keras_transformer.decoder import Decoder
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.positional_encoding import PositionalEncoding
+from keras_transformer.residual import SETTINGS
 
 DecodingCache = collections.namedtuple("DecodingCache", ["decoder", "logits_kernel", "logits_bias"])
 DecodingCache.__doc__ = """What `Transformer.decode_step` computes once and reuses at every step.
@@ -18,8 +19,9 @@ DecodingCache.__doc__ = """What `Transformer.decode_step` computes once and reus
 decoder: the decoder's `GrowingCache` or `StaticCache` (keras_transformer/cache.py).
 logits_kernel: `E^T` `[d_model, vocab]`, the shared embedding transposed once per decode, not at
     every step (TensorFlow multiplies by a transposed operand more slowly).
-logits_bias: float32 `[vocab]`: `NEG_INF` at padding, which is never generated, else 0; added to
-    the logits in the same fused matmul, rather than masked in a pass of its own.
+logits_bias: float32 `[vocab]`: `NEG_INF` at padding, which is never generated, else the trained
+    logits bias (`TransformerConfig.logits_bias`) or 0; added to the logits in the same fused
+    matmul, rather than masked in a pass of its own.
 """
 
 
@@ -54,17 +56,14 @@ class Transformer(keras.Model):
         if isinstance(config, dict):
             config = TransformerConfig.from_dict(config)
         self.config = config
-        self.embedding = SharedEmbedding(config.vocab_size, config.d_model, name="embedding")
+        self.embedding = SharedEmbedding(config.vocab_size, config.d_model, config.logits_bias, name="embedding")
         self.positional_encoding = PositionalEncoding(
-            config.max_length, learned=config.positional_encoding == "learned", name="positional_encoding"
+            config.max_length,
+            learned=config.positional_encoding == "learned",
+            halves=config.positional_encoding == "sinusoidal_halves",
+            name="positional_encoding",
         )
-        stack = dict(
-            num_heads=config.num_heads,
-            d_ff=config.d_ff,
-            dropout=config.dropout,
-            attention_dropout=config.attention_dropout,
-            relu_dropout=config.relu_dropout,
-        )
+        stack = {name: getattr(config, name) for name in SETTINGS}
         self.encoder = Encoder(num_layers=config.encoder_layers, **stack, name="encoder")
         self.decoder = Decoder(num_layers=config.decoder_layers, **stack, name="decoder")
         self.build()  # The config fixes every shape: create the weights now.
@@ -105,8 +104,8 @@ class Transformer(keras.Model):
         are the logits of the decoder's output `x`, with `NEG_INF` at padding, which is never
         generated (`DecodingCache`'s `logits_kernel` and `logits_bias`)."""
         vocab = self.config.vocab_size
-        return (ops.transpose(ops.cast(self.embedding.embeddings, dtype)),
-                ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, ops.zeros((vocab,), "float32")))  # fmt: skip
+        bias = ops.where(ops.arange(vocab) == PAD_ID, NEG_INF, self.embedding.bias_or_zeros())
+        return ops.transpose(ops.cast(self.embedding.embeddings, dtype)), bias
 
     def cross_attention_weights(self, source_ids, target_input_ids):
         """Encoder-decoder attention weights of every decoder layer (for plots, section 3.2.3).

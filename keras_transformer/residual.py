@@ -4,24 +4,33 @@ sub-layer `LayerNorm(x + Dropout(Sublayer(x)))`, and a stack of N identical laye
 import keras
 
 from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.config import LAYER_NORM_EPSILON
 from keras_transformer.feed_forward import PositionwiseFeedForward
 
-LAYER_NORM_EPSILON = 1e-6
+# The settings of every encoder and decoder layer, which a stack passes to each of its layers.
+SETTINGS = ("num_heads", "d_ff", "dropout", "attention_dropout", "relu_dropout", "activation", "layer_norm_epsilon")
 
 
 class ResidualLayer(keras.layers.Layer):
     """What encoder and decoder layers share: their settings, and the sub-layer pattern
     `LayerNorm(x + Dropout(Sublayer(x)))` (sections 3.1 and 5.4)."""
 
-    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
+    def __init__(self, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, activation="relu",
+                 layer_norm_epsilon=LAYER_NORM_EPSILON, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.relu_dropout = relu_dropout
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
         self.dropout_layer = keras.layers.Dropout(dropout)
-        self.feed_forward = PositionwiseFeedForward(d_ff, dropout=relu_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_ff, dropout=relu_dropout, activation=activation)
+
+    def norm(self):
+        """A new LayerNorm of this layer's epsilon."""
+        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon)
 
     def attention(self, name, input_shape):
         """A built `MultiHeadAttention` with d_model / num_heads dimensions per head."""
@@ -36,14 +45,7 @@ class ResidualLayer(keras.layers.Layer):
         return norm(inputs + self.dropout_layer(sublayer_output, training=training))
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "num_heads": self.num_heads,
-            "d_ff": self.d_ff,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-            "relu_dropout": self.relu_dropout,
-        }
+        return {**super().get_config(), **{name: getattr(self, name) for name in SETTINGS}}
 
 
 class Stack(keras.layers.Layer):
@@ -52,7 +54,8 @@ class Stack(keras.layers.Layer):
 
     layer_class = None
 
-    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, **kwargs):
+    def __init__(self, num_layers, num_heads, d_ff, dropout=0.1, attention_dropout=0.0, relu_dropout=0.0,
+                 activation="relu", layer_norm_epsilon=LAYER_NORM_EPSILON, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.num_layers = num_layers
         self.num_heads = num_heads
@@ -60,11 +63,11 @@ class Stack(keras.layers.Layer):
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.relu_dropout = relu_dropout
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
         self.input_dropout = keras.layers.Dropout(dropout)
-        self.layers = [
-            self.layer_class(num_heads, d_ff, dropout, attention_dropout, relu_dropout, name=f"layer_{i}")
-            for i in range(num_layers)
-        ]
+        settings = {name: getattr(self, name) for name in SETTINGS}
+        self.layers = [self.layer_class(**settings, name=f"layer_{i}") for i in range(num_layers)]
         for index, layer in enumerate(self.layers):  # tf.train.Checkpoint sees attributes, not Keras' lists
             setattr(self, f"layer_{index}", layer)
 
@@ -73,12 +76,5 @@ class Stack(keras.layers.Layer):
             layer.build(input_shape)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "d_ff": self.d_ff,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-            "relu_dropout": self.relu_dropout,
-        }
+        settings = {name: getattr(self, name) for name in SETTINGS}
+        return {**super().get_config(), "num_layers": self.num_layers, **settings}

@@ -6,7 +6,8 @@ the environment, by the subprocesses and the benchmarks' smoke modes that tests 
                           on 20 sentences and test BLEU at the end, every checkpoint kept
                           (tensorflow.out: its output)
     jax/                  the recipe's MECHANICS (40 short steps) under JAX (`--backend jax`) into
-                          two target languages (TWO_TARGETS), no evaluation
+                          two target languages (TWO_TARGETS), with Marian's model options (MARIAN),
+                          no evaluation: JAX_RUN
     exports/float32/1, 4  the TensorFlow run exported with beam 1 (greedy) and beam 4
     exports/bfloat16/1, exports/float16/1
                           the same, beam 4, weights and matmuls in bfloat16 and float16
@@ -58,6 +59,12 @@ TIMEOUT_SECONDS = 900  # each process that makes an artifact ends by itself with
 EVALUATION = ["--eval-every", "80", "--eval-sentences", "20", "--keep-checkpoints", "8"]
 REVERSAL_STEPS = 400
 TWO_TARGETS = ["--source-lang", "en", "--target-lang", "de,qaa"]  # the built-in corpus' German and its capitals
+# Marian's (OPUS-MT's) model options, each other than the paper's. The JAX run has them, so that
+# the tests that resume it, start from it (TensorFlow workers, JAX processes), average, export it
+# and convert it to CTranslate2 check that each follows them.
+MARIAN = ["--activation", "swish", "--positional-encoding", "sinusoidal_halves", "--layer-norm-epsilon", "1e-5",
+          "--logits-bias"]  # fmt: skip
+JAX_RUN = [*MECHANICS, *TWO_TARGETS, *MARIAN]  # the JAX run's flags
 # 120 steps: enough to write each language (the second in capitals), not yet to translate well.
 # Stopped at MULTILINGUAL_STOP and resumed, so that its dev evaluations fall on both sides of a resume.
 MULTILINGUAL = [*TWO_TARGETS, "--steps", "120", "--eval-every", "40", "--eval-sentences", "10", "--beam-size", "1",
@@ -140,8 +147,7 @@ def _make(folder):
     running = [
         _start(folder, "tensorflow", [*train, *TINY, "--run-dir", artifacts.tf_run, *EVALUATION]),
         _start(folder, "multilingual-start", [*train, *multilingual, "--steps", str(MULTILINGUAL_STOP)]),
-        _start(folder, "jax", [*train, *MECHANICS, *TWO_TARGETS, "--run-dir", artifacts.jax_run, "--backend", "jax",
-                               "--no-evaluate"]),  # fmt: skip
+        _start(folder, "jax", [*train, *JAX_RUN, "--run-dir", artifacts.jax_run, "--backend", "jax", "--no-evaluate"]),
         _start(folder, "reversal", [*this, "reversal", artifacts.reversal]),
     ]
     # Each next part starts once what it reads is made (the part of that name has ended): the JAX

@@ -44,6 +44,8 @@ def test_each_preset_has_a_constructor_of_its_name_with_its_model():
         (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
         (dict(attention_dropout=-0.1), r"attention_dropout must be in \[0, 1\), got -0.1"),
         (dict(positional_encoding="rotary"), "got 'rotary'"),
+        (dict(activation="gelu"), r"activation must be one of \('relu', 'swish'\), got 'gelu'"),
+        (dict(layer_norm_epsilon=0.0), r"layer_norm_epsilon must be in \(0, 1\), got 0.0"),
     ],
 )
 def test_invalid_settings_name_the_values(overrides, message):
@@ -71,6 +73,9 @@ def test_num_layers_is_the_shorthand_for_both_depths_and_an_older_config_json_lo
     loaded = TransformerConfig.from_dict(old)
     assert (loaded.encoder_layers, loaded.decoder_layers) == (3, 3)
     assert loaded == TransformerConfig.from_dict(loaded.to_dict()) and "num_layers" not in loaded.to_dict()
+    # Nor has it Marian's options: it has the paper's.
+    assert (loaded.activation, loaded.positional_encoding, loaded.layer_norm_epsilon, loaded.logits_bias) == (
+        "relu", "sinusoidal", 1e-6, False)
 
 
 def test_json_round_trip():

@@ -81,11 +81,15 @@ def test_the_conversion_translates_as_the_saved_model_greedy_token_for_token_and
 
 @pytest.mark.slow
 def test_a_deep_encoder_and_a_shallow_decoder_convert_with_their_own_depths(artifacts, tmp_path):
-    """The suite's JAX run (3 encoder layers, 1 decoder layer, two target languages): CTranslate2's
-    greedy search gives the library's, for each language its tag asks for."""
+    """The suite's JAX run (3 encoder layers, 1 decoder layer, two target languages, Marian's model
+    options): CTranslate2's greedy search gives the library's, for each language its tag asks for."""
     _needs_ctranslate2()
     run = RunFolder(artifacts.jax_run)
     model, _ = run.load_model()
+    config = model.config  # training.train's flags reached the run's config.json
+    assert (config.activation, config.positional_encoding, config.layer_norm_epsilon, config.logits_bias) == (
+        "swish", "sinusoidal_halves", 1e-5, True)
+    assert np.any(model.embedding.bias.numpy() != 0)  # trained
     out = conversion.export(artifacts.jax_run, str(tmp_path / "ct2"))
     translate = make_translator(model, run.load_tokenizer(), DecodingSettings(beam_size=1), jit_compile=False)
     for language in ("de", "qaa"):
@@ -106,7 +110,12 @@ def test_bad_input_is_named_and_a_missing_ctranslate2_says_how_to_install_it(tmp
         conversion.main(["--run-dir", str(tmp_path), "--out", str(tmp_path / "out")])
 
 
-def test_the_weights_map_one_to_one(tmp_path, rng):
+# The paper's model, and one with Marian's options (OPUS-MT's), each other than the paper's.
+MARIAN = dict(activation="swish", positional_encoding="sinusoidal_halves", layer_norm_epsilon=1e-5, logits_bias=True)
+
+
+@pytest.mark.parametrize("options", [{}, MARIAN], ids=["paper", "marian"])
+def test_the_weights_map_one_to_one(options, tmp_path, rng):
     """A random model's logits, step by step, against CTranslate2's scores of a forced output.
     Every weight is random, the layer norms' and the biases too (a new model's are 1 and 0, alike
     wherever they are), so that each must reach its own place."""
@@ -115,7 +124,8 @@ def test_the_weights_map_one_to_one(tmp_path, rng):
 
     from keras_transformer import BOS_ID, EOS_ID, Transformer, TransformerConfig
 
-    model = Transformer(TransformerConfig.tiny(30, encoder_layers=2, decoder_layers=1, d_model=32, num_heads=4, d_ff=64))
+    config = TransformerConfig.tiny(30, encoder_layers=2, decoder_layers=1, d_model=32, num_heads=4, d_ff=64, **options)
+    model = Transformer(config)
     for weight in model.weights:
         if weight.path.endswith(("gamma", "beta", "bias")):
             weight.assign(rng.normal(1.0 if weight.path.endswith("gamma") else 0.0, 0.5, weight.shape))

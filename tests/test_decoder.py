@@ -6,9 +6,15 @@ from keras_transformer import PAD_ID, Transformer, TransformerConfig
 from keras_transformer.common import NEG_INF
 
 
-def _model_and_inputs(rng, positional_encoding="sinusoidal"):
-    config = TransformerConfig.tiny(40, d_model=32, num_heads=4, d_ff=64, positional_encoding=positional_encoding)
+# Marian's options (OPUS-MT's model), each other than the paper's, with a random logits bias.
+MARIAN = dict(positional_encoding="sinusoidal_halves", activation="swish", layer_norm_epsilon=1e-5, logits_bias=True)
+
+
+def _model_and_inputs(rng, **options):
+    config = TransformerConfig.tiny(40, d_model=32, num_heads=4, d_ff=64, **options)
     model = Transformer(config)
+    if config.logits_bias:
+        model.embedding.bias.assign(rng.normal(size=40))
     source = rng.integers(1, 40, size=(3, 7)).astype("int32")
     source[1, 4:] = 0
     target = rng.integers(1, 40, size=(3, 6)).astype("int32")
@@ -32,8 +38,8 @@ def _without_padding(logits):
 
 
 def test_cached_steps_equal_the_full_forward_pass(rng):
-    for positional_encoding in ("sinusoidal", "learned"):
-        model, source, target = _model_and_inputs(rng, positional_encoding)
+    for options in (dict(positional_encoding="sinusoidal"), dict(positional_encoding="learned"), MARIAN):
+        model, source, target = _model_and_inputs(rng, **options)
         full = np.delete(model((source, target)), PAD_ID, axis=-1)
         for max_length in (None, 10):  # a growing cache, and a static one longer than needed
             incremental = _incremental_logits(model, source, target, max_length)

@@ -19,6 +19,27 @@ def test_logits_use_the_same_matrix(rng):
     assert len(layer.weights) == 1
 
 
+def test_the_logits_bias_is_trained_and_added_to_every_position(rng):
+    layer = SharedEmbedding(vocab_size=11, d_model=16, logits_bias=True)
+    layer(np.array([[1]]))
+    assert [weight.path.split("/")[-1] for weight in layer.trainable_weights] == ["embeddings", "bias"]
+    bias = rng.normal(size=11).astype("float32")
+    layer.bias.assign(bias)
+    hidden = rng.normal(size=(2, 3, 16)).astype("float32")
+    expected = hidden @ layer.embeddings.numpy().T + bias
+    np.testing.assert_allclose(layer.logits(hidden), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.bias_or_zeros(), bias)
+
+
+def test_feed_forward_with_swish_is_x_times_sigmoid_x(rng):
+    layer = PositionwiseFeedForward(d_ff=32, activation="swish")
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    output = layer(x)
+    w1, b1, w2, b2 = layer.get_weights()
+    inner = x @ w1 + b1
+    np.testing.assert_allclose(output, (inner / (1 + np.exp(-inner))) @ w2 + b2, rtol=1e-5, atol=1e-5)
+
+
 def test_feed_forward_is_equation_2(rng):
     layer = PositionwiseFeedForward(d_ff=32)
     x = rng.normal(size=(2, 5, 8)).astype("float32")

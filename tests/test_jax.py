@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from artifacts import TWO_TARGETS
+from artifacts import JAX_RUN
 from training.recipes import MECHANICS
 from conftest import (ACCUMULATION_CONFIG, CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT, WORKER, accumulation_batches,
                       assert_accumulation_is_exact, run_under)
@@ -144,10 +144,10 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
                                                          str(folder / f"accumulate-{batches}-{updates}-{devices}"), "float32",
                                                          str(devices), "2" if batches == "a+b" else "1", "sgd"]
            for batches, updates, devices in ACCUMULATION_RUNS},
-        "crash": ["crash-mid-save", crashed, *MECHANICS, *TWO_TARGETS, "--no-evaluate"],  # the suite's JAX run's flags
-        "resume": ["train", "--run-dir", crashed, *MECHANICS, *TWO_TARGETS, "--no-evaluate"],
+        "crash": ["crash-mid-save", crashed, *JAX_RUN, "--no-evaluate"],  # the suite's JAX run's flags
+        "resume": ["train", "--run-dir", crashed, *JAX_RUN, "--no-evaluate"],
         "evaluate": ["evaluate", "--run-dir", str(shared), "--split", "test", "--limit", "8"],
-        "remote": ["remote", "ram://runs/jax", str(folder / "remote.weights.h5"), *MECHANICS, *TWO_TARGETS,
+        "remote": ["remote", "ram://runs/jax", str(folder / "remote.weights.h5"), *JAX_RUN,
                    "--checkpoint-every", "4", "--no-evaluate"],  # the suite's JAX run, resumed on the way
         "clocked": ["clocked", str(folder / "clocked"), *CLOCKED],
         "translate": ["translate", str(overfit), json.dumps([source for source, _ in pairs])],

@@ -73,14 +73,15 @@ def test_source_padding_is_ignored_by_attention(model, rng):
 def _parameters(config):
     """The parameter count of section 3, by hand: a shared embedding (3.4); per encoder layer one
     attention block (4 d x d projections with biases), the FFN (eq. 2) and 2 layer norms; per
-    decoder layer two attention blocks, the FFN and 3 layer norms."""
+    decoder layer two attention blocks, the FFN and 3 layer norms; with a logits bias, its vocab."""
     d, d_ff = config.d_model, config.d_ff
     attention = 4 * (d * d + d)
     ffn = d * d_ff + d_ff + d_ff * d + d
     norm = 2 * d
     encoder_layer = attention + ffn + 2 * norm
     decoder_layer = 2 * attention + ffn + 3 * norm
-    return config.vocab_size * d + config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer
+    bias = config.vocab_size if config.logits_bias else 0
+    return config.vocab_size * d + bias + config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer
 
 
 def test_parameter_count_is_the_papers_architecture(model):
@@ -92,6 +93,21 @@ def test_a_deep_encoder_and_a_shallow_decoder_have_their_own_depths(rng):
     assert (len(model.encoder.layers), len(model.decoder.layers)) == (3, 1)
     assert model.count_params() == _parameters(model.config)
     assert len(model.cross_attention_weights(_ids(rng, 2, 6), _ids(rng, 2, 5))) == 1
+
+
+def test_marians_options_reach_every_layer():
+    config = TransformerConfig.tiny(VOCAB, d_model=32, d_ff=64, activation="swish", layer_norm_epsilon=1e-5,
+                                    positional_encoding="sinusoidal_halves", logits_bias=True)  # fmt: skip
+    model = Transformer(config)
+    assert model.count_params() == _parameters(config)
+    layers = [*model.encoder.layers, *model.decoder.layers]
+    names = ("self_attention_norm", "cross_attention_norm", "feed_forward_norm")
+    norms = [getattr(layer, name) for layer in layers for name in names if hasattr(layer, name)]
+    assert len(norms) == 2 * config.encoder_layers + 3 * config.decoder_layers
+    assert {norm.epsilon for norm in norms} == {1e-5}
+    assert {layer.feed_forward.inner.activation.__name__ for layer in layers} == {"silu"}  # Keras names swish silu
+    assert model.positional_encoding.halves and not model.positional_encoding.learned
+    assert Transformer.from_config(model.get_config()).config == config
 
 
 @pytest.mark.parametrize("preset, paper", [("base", 65e6), ("big", 213e6)])
@@ -139,8 +155,11 @@ def test_mixed_precision_keeps_logits_in_float32(policy, rng):
 LAYERS = [
     (lambda: MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1), lambda x: (x, x)),
     (lambda: PositionwiseFeedForward(d_ff=16, dropout=0.1), lambda x: (x,)),
+    (lambda: PositionwiseFeedForward(d_ff=16, activation="swish"), lambda x: (x,)),
     (lambda: PositionalEncoding(max_length=9, learned=True), lambda x: (x,)),
+    (lambda: PositionalEncoding(halves=True), lambda x: (x,)),
     (lambda: EncoderLayer(num_heads=2, d_ff=16, dropout=0.2), lambda x: (x,)),
+    (lambda: EncoderLayer(num_heads=2, d_ff=16, activation="swish", layer_norm_epsilon=1e-3), lambda x: (x,)),
     (lambda: Encoder(num_layers=2, num_heads=2, d_ff=16, relu_dropout=0.1), lambda x: (x,)),
     (lambda: DecoderLayer(num_heads=2, d_ff=16, attention_dropout=0.1, relu_dropout=0.2), lambda x: (x, x)),
     (lambda: Decoder(num_layers=2, num_heads=2, d_ff=16), lambda x: (x, x)),
@@ -160,8 +179,9 @@ def test_layers_round_trip_through_config(make, args, rng):
 
 
 def test_embedding_and_model_round_trip_through_config():
-    embedding = SharedEmbedding(vocab_size=7, d_model=4)
-    assert SharedEmbedding.from_config(embedding.get_config()).get_config() == embedding.get_config()
+    for logits_bias in (False, True):
+        embedding = SharedEmbedding(vocab_size=7, d_model=4, logits_bias=logits_bias)
+        assert SharedEmbedding.from_config(embedding.get_config()).get_config() == embedding.get_config()
     model = Transformer(TransformerConfig.tiny(VOCAB))
     assert Transformer.from_config(model.get_config()).config == model.config
 

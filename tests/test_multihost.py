@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from artifacts import MARIAN
 from bench.common import held_port
 from training.recipes import MECHANICS
 from conftest import ROOT, WORKER
@@ -99,8 +100,8 @@ def corpus(three_shard_corpus):
 
 @pytest.fixture(scope="module")
 def accumulated(artifacts):
-    """ACCUMULATED, started from the suite's JAX run (of the same model)."""
-    return [*ACCUMULATED, "--init-from", artifacts.jax_run]
+    """ACCUMULATED, started from the suite's JAX run (of the same model: Marian's options)."""
+    return [*ACCUMULATED, *MARIAN, "--init-from", artifacts.jax_run]
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,17 @@ def test_sinusoids_equal_the_paper_formula():
     np.testing.assert_allclose(encoding[0], paper_formula(200, 32), atol=2e-5)
 
 
+def test_the_halves_layout_holds_the_same_sinusoids_the_sines_first():
+    """tensor2tensor's and Marian's table, written out: dimension i < d/2 holds sin of pair i's
+    angle, dimension d/2 + i its cos."""
+    interleaved = paper_formula(50, 16)
+    expected = np.concatenate([interleaved[:, 0::2], interleaved[:, 1::2]], axis=1)
+    layer = PositionalEncoding(halves=True)
+    np.testing.assert_allclose(layer(ops.zeros((1, 50, 16)))[0], expected, atol=2e-5)
+    step = layer(ops.zeros((1, 1, 16)), start_index=ops.convert_to_tensor(7))
+    np.testing.assert_allclose(step[0, 0], expected[7], atol=2e-5)
+
+
 def test_start_index_continues_the_sequence():
     layer = PositionalEncoding()
     full = layer(ops.zeros((2, 10, 16)))

@@ -213,6 +213,7 @@ BAD_FLAGS = [
     (["--checkpoint-every-minutes", "-5"], "--checkpoint-every-minutes must be 0 (none) or positive, got -5.0"),
     (["--decoder-layers", "0"], "--decoder-layers must be positive, got 0"),
     (["--encoder-layers", "-1"], "--encoder-layers must be positive, got -1"),
+    (["--activation", "gelu"], "--activation: invalid choice: 'gelu' (choose from 'relu', 'swish')"),
 ]
 
 

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from artifacts import MARIAN
 from training.recipes import MECHANICS, TINY
 from conftest import CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT
 from training.run_folder import RunFolder
@@ -140,10 +141,10 @@ def test_two_workers_each_read_a_share_and_train_and_resume_as_one_device_on_the
     from training.train import parse_args, train
 
     data = ["--dataset", str(three_shard_corpus), "--source-lang", "en", "--target-lang", "de"]
-    # Started from the suite's JAX run: a start from another run, of the other backend, across
-    # workers, with another --max-length (24 there), which sinusoidal positions allow.
-    flags = [*MECHANICS, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate", "--max-minutes", "60",
-             "--init-from", artifacts.jax_run]  # fmt: skip
+    # Started from the suite's JAX run (Marian's model options): a start from another run, of the other
+    # backend, across workers, with another --max-length (24 there), which sinusoidal positions allow.
+    flags = [*MECHANICS, *MARIAN, *data, "--checkpoint-every", "3", "--max-length", "16", "--no-evaluate",
+             "--max-minutes", "60", "--init-from", artifacts.jax_run]  # fmt: skip
     run, reference = tmp_path / "run", tmp_path / "reference"
     outputs = _start_workers(run, [*flags, "--steps", "6"], tmp_path)
     assert f"Started from {RunFolder(artifacts.jax_run).checkpoint('latest')}" in outputs[0] and "Started" not in outputs[1]

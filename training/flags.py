@@ -10,7 +10,7 @@ The decoding flags of the evaluations are the search's own (`keras_transformer.s
 
 import dataclasses
 
-from keras_transformer.config import PRESETS
+from keras_transformer.config import ACTIVATIONS, POSITIONAL_ENCODINGS, PRESETS
 from keras_transformer.search.flags import flag_of
 from training.shards import TOKENIZER_SAMPLE
 
@@ -69,8 +69,9 @@ class Flag:
         return flag_of(self.name)
 
     def add_to(self, parser):
-        if self.type is bool:
-            parser.add_argument(self.flag, action="store_true", help=self.help, **self.options)
+        if self.type is bool:  # a model field's switch is None when not given: the preset's value holds
+            default = None if self.model else False
+            parser.add_argument(self.flag, action="store_true", default=default, help=self.help, **self.options)
             return
         default = None if self.default is PRESET else self.default
         parser.add_argument(self.flag, type=self.type, default=default, help=self.help, **self.options)
@@ -82,9 +83,10 @@ class Flag:
         return f"{self.flag} must be {self.check[0]}, got {value}"
 
 
-def _model(name, type_, help):
-    return Flag(name, type_, help=f"override the config's {help}", check=POSITIVE if type_ is int else None,
-                resume=REPORTED if "dropout" in name else None, model=True)  # fmt: skip
+def _model(name, type_, help, choices=None):
+    return Flag(name, type_, help=f"override the config's {help}", check=POSITIVE if type_ in (int, float) and
+                "dropout" not in name else None, resume=REPORTED if "dropout" in name else None, model=True,
+                options=dict(choices=choices) if choices else {})  # fmt: skip
 
 
 FLAGS = (
@@ -127,6 +129,11 @@ FLAGS = (
     _model("dropout", float, "P_drop (residual and embedding dropout)"),
     _model("attention_dropout", float, "dropout on the attention weights"),
     _model("relu_dropout", float, "dropout inside the feed-forward network"),
+    _model("activation", str, "feed-forward activation (section 3.3: relu; OPUS-MT: swish)", ACTIVATIONS),
+    _model("positional_encoding", str, "position encoding: the paper's sinusoids, the same with the sines first "
+           "(Marian's), or a learned table (Table 3 row E)", POSITIONAL_ENCODINGS),  # fmt: skip
+    _model("layer_norm_epsilon", float, "LayerNorm epsilon"),
+    _model("logits_bias", bool, "bias on the output logits: none in the paper, a trained one in Marian"),
     # The tokenizer and the batches.
     Flag("vocab_size", int, PRESET, "SentencePiece vocabulary, an upper bound (paper: 37000)", POSITIVE, REFUSED),
     Flag("tokenizer_sample", int, TOKENIZER_SAMPLE, "training pairs SentencePiece learns from, drawn uniformly from "

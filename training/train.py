@@ -121,7 +121,7 @@ def check_same_model(source, config, spec):
     meaning from the `source` config's; dropout may differ, and so may max_length under sinusoidal
     positions (no weight of theirs depends on it)."""
     old, new = source.to_dict(), config.to_dict()
-    free = {"max_length"} if config.positional_encoding == "sinusoidal" else set()
+    free = {"max_length"} if config.positional_encoding != "learned" else set()
     differences = [f"{name}: {old.get(name)!r} there, {new.get(name)!r} here" for name in sorted(set(old) | set(new))
                    if old.get(name) != new.get(name) and "dropout" not in name and name not in free]  # fmt: skip
     if differences:
