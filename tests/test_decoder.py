@@ -101,8 +101,9 @@ def test_the_growing_cache_holds_the_decoded_positions_only(rng):
     assert all(tuple(layer.self_key.shape) == (3, 4, 3, 8) for layer in cache.decoder.layers)
 
 
-def test_cached_step_compiles_with_xla_with_fixed_shapes(rng):
-    model, source, target = _model_and_inputs(rng)
+@pytest.mark.parametrize("options", [{}, MARIAN], ids=["paper", "marian"])
+def test_cached_step_compiles_with_xla_with_fixed_shapes(options, rng):
+    model, source, target = _model_and_inputs(rng, **options)
     encoder_output, source_mask = model.encode(source)
     step = tf.function(model.decode_step, jit_compile=True)
     cache = model.init_cache(encoder_output, source_mask, max_length=6)
