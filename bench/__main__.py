@@ -1,13 +1,14 @@
 """Every benchmark's smoke mode (bench/smoke.py's registry), in one process: a check that each still
-runs, in about three minutes on 2 cores (here a measurement that needs no environment of its own
+runs, in about five minutes on 2 cores (here a measurement that needs no environment of its own
 runs in this process, bench/common.py's ONE_PROCESS).
 
     python -m bench --smoke                          # all of them
     python -m bench --smoke bench.decode bench.real_serving
     python -m bench --smoke --runs DIR               # benchmarks that make a run folder keep it in DIR/NAME
 
-Each benchmark's JSON lines follow a line `== bench.NAME`; its seconds go to standard error. The process runs TensorFlow with the
-README's serving threads (`export.serving.use_serving_threads`), set before any benchmark runs.
+Each benchmark's JSON lines follow a line `== bench.NAME`; its seconds go to standard error. The
+process runs TensorFlow with the README's serving threads (`export.serving.use_serving_threads`),
+set before any benchmark runs.
 """
 
 import argparse

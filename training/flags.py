@@ -84,9 +84,10 @@ class Flag:
 
 
 def _model(name, type_, help, choices=None):
-    return Flag(name, type_, help=f"override the config's {help}", check=POSITIVE if type_ in (int, float) and
-                "dropout" not in name else None, resume=REPORTED if "dropout" in name else None, model=True,
-                options=dict(choices=choices) if choices else {})  # fmt: skip
+    rate = "dropout" in name  # 0 allowed; a resume reports its change
+    check = POSITIVE if type_ in (int, float) and not rate else None
+    return Flag(name, type_, help=f"override the config's {help}", check=check, resume=REPORTED if rate else None,
+                model=True, options=dict(choices=choices) if choices else {})  # fmt: skip
 
 
 FLAGS = (
