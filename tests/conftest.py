@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 
 import artifacts as shared
@@ -67,9 +68,29 @@ def pytest_runtest_protocol(item):
             f.write(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in line.items()}) + "\n")
 
 
-def pytest_collection_modifyitems(items):
-    """The slow tests first (in their order), so that two workers do not end on one long test."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+# The groups of tests (pytest-xdist's) that start before the shared artifacts exist: the benchmarks'
+# smoke modes that need none of them run first (tests/test_bench.py).
+EARLY_GROUPS = ("bench",)
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first, so that two workers do not end on one long test; of each kind, those
+    that run without the shared artifacts (tests/artifacts.py) before those that wait for them,
+    and the groups (the longest) before single tests. A process that collects a test that needs
+    the artifacts starts making them now, in the background: the first tests run while they are
+    made, rather than a worker waiting for them."""
+
+    def group(item):  # a group's tests run in turn on one worker: they wait if one of them waits
+        marker = item.get_closest_marker("xdist_group")
+        return marker.args[0] if marker else None
+
+    needs = [item for item in items if "artifacts" in item.fixturenames]
+    waiting = {group(item) or item.nodeid for item in needs} - set(EARLY_GROUPS)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, (group(item) or item.nodeid) in waiting,
+                                 group(item) is None))  # fmt: skip
+    if needs and not config.option.collectonly:
+        threading.Thread(target=shared.ensure, name="artifacts", daemon=True).start()  # the fixture waits on its lock
 
 
 @pytest.fixture(autouse=True)
