@@ -112,7 +112,7 @@ BENCHMARKS = {
         shared=True),
     "demo": Benchmark(
         {"backend", "seed", "bleu", "train_seconds", "first_command_wall_seconds", "sentences_exact", "holds"},
-        lambda s: [["--runs=tf:0", *MECHANICS, "--steps=2", "--no-evaluate"]],
+        lambda s: [["--runs=tf:0", *MECHANICS, "--steps=2", "--no-evaluate", "--no-xla"]],
         run_folder=True),
     "finetune": Benchmark(
         {"row", "news_test_bleu", "signature", "news_test_sentences", "train_minutes", "run"},
