@@ -41,9 +41,11 @@ CENSUS_VARIABLE = "KERAS_TRANSFORMER_CENSUS"
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
-    """With $KERAS_TRANSFORMER_CENSUS set to a file, appends a JSON line a test: its wall seconds,
+    """With $KERAS_TRANSFORMER_CENSUS set to a file, appends a JSON line a test: when it started
+    (seconds since the epoch, to lay the workers' tests on one time line), its wall seconds,
     the CPU seconds of this process and of the processes it started (and waited for), and how
-    many it started. The census of where the suite's time goes."""
+    many it started (the shared artifacts' processes, started and waited for by a thread, count
+    toward the tests that run meanwhile). The census of where the suite's time goes."""
     path = os.environ.get(CENSUS_VARIABLE)
     if not path:
         yield
@@ -55,13 +57,14 @@ def pytest_runtest_protocol(item):
         return execute(self, *args, **kwargs)
 
     subprocess.Popen._execute_child = counted
-    wall, own, children = time.monotonic(), time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started_at, wall, own = time.time(), time.monotonic(), time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         yield
     finally:
         subprocess.Popen._execute_child = execute
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        line = {"test": item.nodeid, "wall": time.monotonic() - wall, "cpu": time.process_time() - own,
+        line = {"test": item.nodeid, "started": started_at, "wall": time.monotonic() - wall, "cpu": time.process_time() - own,
                 "children_cpu": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime,
                 "processes": started[0], "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}  # fmt: skip
         with open(path, "a") as f:
