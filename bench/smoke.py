@@ -81,11 +81,14 @@ class Benchmark:
             has; tests/test_bench.py checks them in its smoke mode's output.
         flags: function(scratch) -> its smoke mode's command lines (each `main(flags)`).
         run_folder: whether it makes run folders (its --run-dir; `python -m bench --runs` keeps them).
+        shared: whether its smoke mode measures the smoke run or its exports (`run`, `export`),
+            which the test suite makes once for all (tests/test_bench.py runs the others first).
     """
 
     keys: set
     flags: object
     run_folder: bool = False
+    shared: bool = False
 
 
 # Every benchmark, bench.NAME by NAME. Those that train use training/recipes.py MECHANICS, shortened.
@@ -93,7 +96,8 @@ BENCHMARKS = {
     "compare_exports": Benchmark(
         {"round", "batch", "sentences", "sentences_per_s_each"},
         lambda s: [[export(s), export(s, beam_size=1), f"--sentences={sentences(s)}", "--batch=2", "--rounds=2"],
-                   ["--options", export(s), f"--sentences={sentences(s)}", "--batch=2", "--rounds=2"]]),
+                   ["--options", export(s), f"--sentences={sentences(s)}", "--batch=2", "--rounds=2"]],
+        shared=True),
     "corpus_scale": Benchmark(
         {"pairs", "read_and_cut_s", "tokenizer_s", "first_step_s", "peak_rss_before_first_step_mb", "shards", "shortlist_s",
          "shortlist_peak_rss_mb"},
@@ -104,17 +108,18 @@ BENCHMARKS = {
                     "--rounds=1", "--shortlist=20", "--ctranslate2-types=float32,int8"]]),
     "decode_profile": Benchmark(
         {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
-        lambda s: [[f"--export-dir={export(s)}", f"--sentences={sentences(s)}", "--calls=1"]]),
+        lambda s: [[f"--export-dir={export(s)}", f"--sentences={sentences(s)}", "--calls=1"]],
+        shared=True),
     "demo": Benchmark(
         {"backend", "seed", "bleu", "train_seconds", "first_command_wall_seconds", "sentences_exact", "holds"},
-        lambda s: [["--runs=tf:0", *MECHANICS, "--steps=2", "--no-evaluate"]],
+        lambda s: [["--runs=tf:0", *MECHANICS, "--steps=2", "--no-evaluate", "--no-xla"]],
         run_folder=True),
     "finetune": Benchmark(
         {"row", "news_test_bleu", "signature", "news_test_sentences", "train_minutes", "run"},
         lambda s: [[f"--general={run(s)}", f"--news={corpus(s, ('newstest2014', 'none', 'none'), 7, (52, 0, 0))}",
                     "--news-split=40,6", "--limit=8", *MECHANICS, "--steps=4", "--steps-per-call=2", "--checkpoint-every=2",
                     "--eval-every=2"]],
-        run_folder=True),
+        run_folder=True, shared=True),
     "multi30k": Benchmark(
         {"bleu", "signature", "chrf", "bleu_lowercase", "bleu_lowercase_signature", "dev_bleu", "dev_chrf",
          "dev_bleu_lowercase", "dev_bleu_last_checkpoint", "steps", "wall_seconds", "peak_rss_mb"},
@@ -138,7 +143,8 @@ BENCHMARKS = {
     "real_serving": Benchmark(
         {"system", "round", "batch", "sentences_per_s", "p50_ms", "p95_ms", "bleu", "peak_rss_mb"},
         lambda s: [[f"--run-dir={run(s)}", f"--export={export(s)}", "--limit=8", "--rounds=1", "--batch-sizes=4",
-                    "--ctranslate2=int8"]]),
+                    "--ctranslate2=int8"]],
+        shared=True),
     "train_throughput": Benchmark(
         {"config", "backend", "xla", "tgt_tokens_per_s", "peak_rss_mb", "fraction_of_matmul"},
         lambda s: [["--configs=smoke", "--batch=4", "--length=8", "--vocab-size=50", "--steps=2", "--repeats=1",

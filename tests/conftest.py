@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 
 import artifacts as shared
@@ -40,9 +41,11 @@ CENSUS_VARIABLE = "KERAS_TRANSFORMER_CENSUS"
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
-    """With $KERAS_TRANSFORMER_CENSUS set to a file, appends a JSON line a test: its wall seconds,
+    """With $KERAS_TRANSFORMER_CENSUS set to a file, appends a JSON line a test: when it started
+    (seconds since the epoch, to lay the workers' tests on one time line), its wall seconds,
     the CPU seconds of this process and of the processes it started (and waited for), and how
-    many it started. The census of where the suite's time goes."""
+    many it started (the shared artifacts' processes, started and waited for by a thread, count
+    toward the tests that run meanwhile). The census of where the suite's time goes."""
     path = os.environ.get(CENSUS_VARIABLE)
     if not path:
         yield
@@ -54,22 +57,43 @@ def pytest_runtest_protocol(item):
         return execute(self, *args, **kwargs)
 
     subprocess.Popen._execute_child = counted
-    wall, own, children = time.monotonic(), time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started_at, wall, own = time.time(), time.monotonic(), time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         yield
     finally:
         subprocess.Popen._execute_child = execute
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        line = {"test": item.nodeid, "wall": time.monotonic() - wall, "cpu": time.process_time() - own,
+        line = {"test": item.nodeid, "started": started_at, "wall": time.monotonic() - wall, "cpu": time.process_time() - own,
                 "children_cpu": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime,
                 "processes": started[0], "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}  # fmt: skip
         with open(path, "a") as f:
             f.write(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in line.items()}) + "\n")
 
 
-def pytest_collection_modifyitems(items):
-    """The slow tests first (in their order), so that two workers do not end on one long test."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+# The groups of tests (pytest-xdist's) that start before the shared artifacts exist: the benchmarks'
+# smoke modes that need none of them run first (tests/test_bench.py).
+EARLY_GROUPS = ("bench",)
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first, so that two workers do not end on one long test; of each kind, those
+    that run without the shared artifacts (tests/artifacts.py) before those that wait for them,
+    and the groups (the longest) before single tests. A process that collects a test that needs
+    the artifacts starts making them now, in the background: the first tests run while they are
+    made, rather than a worker waiting for them."""
+
+    def group(item):  # a group's tests run in turn on one worker: they wait if one of them waits
+        marker = item.get_closest_marker("xdist_group")
+        return marker.args[0] if marker else None
+
+    needs = [item for item in items if "artifacts" in item.fixturenames]
+    waiting = {group(item) or item.nodeid for item in needs} - set(EARLY_GROUPS)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, (group(item) or item.nodeid) in waiting,
+                                 group(item) is None))  # fmt: skip
+    if needs and not config.option.collectonly:
+        threading.Thread(target=shared.ensure, name="artifacts", daemon=True).start()  # the fixture waits on its lock
 
 
 @pytest.fixture(autouse=True)

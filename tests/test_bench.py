@@ -17,22 +17,29 @@ from training import languages, learning_curve
 from training.run_folder import RunFolder
 
 @pytest.fixture(scope="module")
-def smoke_runs(artifacts, tmp_path_factory):
-    """`python -m bench --smoke`: every benchmark's smoke mode in one process, on the suite's
-    shared run and exports (bench/smoke.py's variables, set by the artifacts fixture). Returns
-    ({module: its output lines}, standard error, the folder of their run folders)."""
+def smoke_runs(request, tmp_path_factory):
+    """`python -m bench --smoke`: every benchmark's smoke mode, those that need none of the suite's
+    shared artifacts in one process while the artifacts are made (tests/conftest.py), then the
+    others in another, on the shared run and exports (bench/smoke.py's variables, set by the
+    artifacts fixture). Returns ({module: its output lines}, standard error, the folder of their
+    run folders)."""
     runs = tmp_path_factory.mktemp("bench-runs")
-    result = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--runs", str(runs)], capture_output=True, text=True,
-                            timeout=1800)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    outputs, module = {}, None
-    for line in result.stdout.splitlines():
-        if line.startswith("== "):
-            module = line[3:]
-            outputs[module] = []
-        elif module:
-            outputs[module].append(line)
-    return outputs, result.stderr, runs
+    outputs, stderr, module = {}, "", None
+    for shared in (False, True):
+        if shared:
+            request.getfixturevalue("artifacts")
+        names = [f"bench.{name}" for name, benchmark in smoke.BENCHMARKS.items() if benchmark.shared == shared]
+        result = subprocess.run([sys.executable, "-m", "bench", "--smoke", *names, "--runs", str(runs)], capture_output=True,
+                                text=True, timeout=1800)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-4000:]
+        stderr += result.stderr
+        for line in result.stdout.splitlines():
+            if line.startswith("== "):
+                module = line[3:]
+                outputs[module] = []
+            elif module:
+                outputs[module].append(line)
+    return outputs, stderr, runs
 
 
 # Each runs its whole benchmark (several processes for some; some train for a few steps): slow.

@@ -718,7 +718,8 @@ def held_back(source, target):
     rename(source, target)
 os.rename = held_back
 from export.saved_model import export
-export(sys.argv[1], sys.argv[2], version=7)
+from keras_transformer.search import DecodingSettings
+export(sys.argv[1], sys.argv[2], DecodingSettings(beam_size=1), version=7)  # greedy: less to trace, the same staging
 """
 
 

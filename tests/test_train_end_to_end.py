@@ -250,6 +250,7 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     import tensorflow as tf
 
     from export.saved_model import export
+    from keras_transformer.search import DecodingSettings
     from training import evaluate, learning_curve
     from training.average_checkpoints import average_checkpoints
     from training.evaluate import make_translator
@@ -283,7 +284,8 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     assert metrics["steps"] == 8 and "train_seconds" in metrics  # training.train
     assert metrics["averaged_checkpoints"] == ["ckpt-4", "ckpt-8"]  # training.average_checkpoints
     assert {"bleu", "chrf", "dev_bleu", "dev_chrf"} <= set(metrics)  # training.evaluate on each split
-    served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports")))
+    greedy = DecodingSettings(beam_size=1)  # what is checked is the run folder, not the search
+    served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports"), greedy))
     assert not os.path.exists("ram:") and not os.path.exists(os.path.join(ROOT, "ram:"))  # nothing went to a local "ram:" folder
 
     train(parse_args(["--run-dir", local_dir, *flags, "--steps", "8"]))
@@ -294,7 +296,7 @@ def test_a_run_folder_on_a_filesystem_that_is_not_posix_trains_resumes_averages_
     sources = [source for source, _ in synthetic_corpus.text_pairs("test", 16)]
     result = served.signatures["serving_default"](text=tf.constant(sources))
     model, _ = local.load_model()  # the averaged weights, as exported, with the export's (default) decoding
-    expected, scores = make_translator(model, local.load_tokenizer(), jit_compile=False)(sources)
+    expected, scores = make_translator(model, local.load_tokenizer(), greedy, jit_compile=False)(sources)
     assert [t.decode() for t in result["translation"].numpy()] == expected
     np.testing.assert_allclose(result["score"].numpy(), scores, rtol=1e-4)
 
@@ -317,7 +319,7 @@ def test_a_run_folder_of_older_code_resumes_with_another_warmup_which_is_reporte
     older = {name: value for name, value in run.settings().items() if name not in ("backend", "processes")}
     run.write_json(run.settings_path, older)
     capsys.readouterr()
-    train.main(["--run-dir", str(folder), *TINY, "--steps", "164", "--warmup-steps", "50", "--no-evaluate"])
+    train.main(["--run-dir", str(folder), *TINY, "--steps", "164", "--warmup-steps", "50", "--no-evaluate", "--no-xla"])
     out = capsys.readouterr().out
     assert f"Resumed with warmup_steps 50 (it was {older['warmup_steps']}): the run follows it from step 160 on." in out
     assert out.index("Resumed with warmup_steps") < out.index("Saved checkpoint")
@@ -346,7 +348,7 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
         with pytest.raises(ValueError, match=error):
             source.checkpoint(name)
     flags = [*MECHANICS, "--steps", "4", "--checkpoint-every", "2", "--steps-per-call", "2", "--warmup-steps", "10",
-             "--no-evaluate", "--encoder-layers", "2", "--decoder-layers", "2"]  # fmt: skip  (the recipe's depths)
+             "--no-evaluate", "--encoder-layers", "2", "--decoder-layers", "2", "--no-xla"]  # fmt: skip  (the recipe's depths)
     run_dir = tmp_path / "tuned"
     # A named checkpoint, not the latest: step 0 must hold its weights, not step 160's.
     train(parse_args(["--run-dir", str(run_dir), *flags, "--init-from", f"{artifacts.tf_run}:140"]))
@@ -409,7 +411,7 @@ def test_early_stopping_keeps_the_best_across_a_resume_and_the_rotation_and_expo
     monkeypatch.setattr(training.evaluate, "evaluate_pairs", lambda *args, **kwargs: test_split)
     run_dir = tmp_path / "run"
     flags = ["--run-dir", str(run_dir), *MECHANICS, "--steps", "40", "--checkpoint-every", "4", "--steps-per-call", "2",
-             "--eval-every", "2", "--keep-best"]  # fmt: skip
+             "--eval-every", "2", "--keep-best", "--no-xla"]  # fmt: skip
     # Patience 1: the evaluation at step 6 ends it, with a checkpoint there; the best is step 4's. The
     # end's dev BLEU is step 6's, not evaluated again.
     train(parse_args([*flags, "--early-stop", "1"]))
