@@ -64,7 +64,8 @@ def pytest_runtest_protocol(item):
     finally:
         subprocess.Popen._execute_child = execute
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        line = {"test": item.nodeid, "started": started_at, "wall": time.monotonic() - wall, "cpu": time.process_time() - own,
+        line = {"test": item.nodeid, "started": started_at, "wall": time.monotonic() - wall,
+                "cpu": time.process_time() - own,
                 "children_cpu": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime,
                 "processes": started[0], "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}  # fmt: skip
         with open(path, "a") as f:
@@ -84,14 +85,14 @@ def pytest_collection_modifyitems(config, items):
     the artifacts starts making them now, in the background: the first tests run while they are
     made, rather than a worker waiting for them."""
 
-    def group(item):  # a group's tests run in turn on one worker: they wait if one of them waits
+    def unit(item):  # what one worker runs in turn: a group's tests wait if one of them waits
         marker = item.get_closest_marker("xdist_group")
-        return marker.args[0] if marker else None
+        return marker.args[0] if marker else item.nodeid
 
     needs = [item for item in items if "artifacts" in item.fixturenames]
-    waiting = {group(item) or item.nodeid for item in needs} - set(EARLY_GROUPS)
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, (group(item) or item.nodeid) in waiting,
-                                 group(item) is None))  # fmt: skip
+    waiting = {unit(item) for item in needs} - set(EARLY_GROUPS)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, unit(item) in waiting,
+                                 item.get_closest_marker("xdist_group") is None))  # fmt: skip
     if needs and not config.option.collectonly:
         threading.Thread(target=shared.ensure, name="artifacts", daemon=True).start()  # the fixture waits on its lock
 
