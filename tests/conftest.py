@@ -1,5 +1,5 @@
-"""Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, JAX's
-compilation cache for the JAX processes that tests start, the slow tests first; the tolerance
+"""Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, the
+environment of every process (artifacts.test_environment), the slow tests first; the tolerance
 of scores computed two ways; what the TensorFlow and the JAX checks of one feature share; one
 load of each shared export a process."""
 
@@ -16,13 +16,14 @@ import time
 import artifacts as shared
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.update(shared.jax_cache_environment())  # inherited by every process a test starts
+os.environ.update(shared.test_environment(os.environ))  # inherited by every process a test starts
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from bench.common import with_xla_flags  # noqa: E402
 from training.recipes import MECHANICS  # noqa: E402
 
 # Must happen before TensorFlow initialises its devices: tests of MirroredStrategy need two.
@@ -175,8 +176,8 @@ WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
 def run_under(backend, *args, devices=1):
     """Runs `python *args` with Keras on `backend`, over `devices` host CPU devices under JAX,
     for at most 15 minutes; returns its standard output."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = with_xla_flags({**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT},
+                         f"--xla_force_host_platform_device_count={devices}")
     result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
