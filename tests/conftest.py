@@ -1,7 +1,7 @@
-"""Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, the
-environment of every process (artifacts.test_environment), the slow tests first; the tolerance
-of scores computed two ways; what the TensorFlow and the JAX checks of one feature share; one
-load of each shared export a process."""
+"""Shared test setup: quiet TensorFlow without its graph rewrites, two logical CPU devices for
+distribution tests, the environment of every process (artifacts.test_environment), the slow
+tests first; the tolerance of scores computed two ways; what the TensorFlow and the JAX checks
+of one feature share; one load of each shared export a process."""
 
 import contextlib
 import functools
@@ -25,6 +25,15 @@ import tensorflow as tf  # noqa: E402
 
 from bench.common import with_xla_flags  # noqa: E402
 from training.recipes import MECHANICS  # noqa: E402
+
+# TensorFlow's graph rewrites (grappler's folding, fusing, layout and arithmetic passes) take
+# seconds on each of the suite's many graphs, and a test's graph runs a few times. Off in the
+# suite's own process; function inlining stays, so that an error names a signature's input as a
+# server's does. The processes that tests start (the commands, the C++ loader) keep them.
+tf.config.optimizer.set_experimental_options({name: False for name in (
+    "layout_optimizer", "constant_folding", "shape_optimization", "remapping", "arithmetic_optimization",
+    "dependency_optimization", "loop_optimization", "debug_stripper", "scoped_allocator_optimization",
+    "pin_to_host_optimization", "implementation_selector")})  # fmt: skip
 
 # Must happen before TensorFlow initialises its devices: tests of MirroredStrategy need two.
 tf.config.set_logical_device_configuration(
