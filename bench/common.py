@@ -14,6 +14,14 @@ import sys
 import time
 
 
+def with_xla_flags(env, *flags):
+    """`env`, a mapping of environment variables, with `flags` added to its XLA_FLAGS (read by
+    TensorFlow's and JAX's XLA alike)."""
+    names = {flag.split("=")[0] for flag in flags}
+    kept = [flag for flag in env.get("XLA_FLAGS", "").split() if flag.split("=")[0] not in names]
+    return {**env, "XLA_FLAGS": " ".join([*kept, *flags])}
+
+
 def peak_rss_mb():
     """This process's peak resident memory in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -74,7 +74,7 @@ def main(argv=None):
     args, train_flags = parser.parse_known_args(argv)
     env = dict(os.environ)
     if args.max_isa:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_cpu_max_isa={args.max_isa}".strip()
+        env = common.with_xla_flags(env, f"--xla_cpu_max_isa={args.max_isa}")
         env["ONEDNN_MAX_CPU_ISA"] = args.max_isa
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.run_dir or scratch

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from bench.common import emit, held_port
+from bench.common import emit, held_port, with_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +56,7 @@ def worker(args):
 
 def run(args, processes, devices_each):
     """Tokens/s per device of `processes` processes of `devices_each` host devices."""
-    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_each}"}
+    env = with_xla_flags({**os.environ, "KERAS_BACKEND": "jax"}, f"--xla_force_host_platform_device_count={devices_each}")
     with held_port() as port:  # held until the processes end: the coordinator binds it beside us
         flags = ["--config", args.config, "--vocab-size", str(args.vocab_size), "--batch", str(args.batch), "--length",
                  str(args.length), "--steps", str(args.steps), "--processes", str(processes), "--coordinator",

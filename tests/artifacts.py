@@ -47,6 +47,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.common import with_xla_flags  # noqa: E402
 from training.recipes import MECHANICS, TINY  # noqa: E402
 
 VARIABLE = "KERAS_TRANSFORMER_TEST_ARTIFACTS"
@@ -117,9 +118,13 @@ def base():
     return os.environ.get(VARIABLE) or os.path.join(ROOT, ".test-artifacts")
 
 
-def jax_cache_environment():
-    """The environment variables that give a JAX process the suite's compilation cache."""
-    return {"JAX_COMPILATION_CACHE_DIR": os.path.join(base(), "jax-cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+def test_environment(env):
+    """`env` with what every process of the suite, and every process it starts, runs with: JAX's
+    compilation cache; one thread an operation, as two workers share two cores (more threads only
+    spin); XLA's quick compilation, as the suite's programs run a few steps each."""
+    env = {**env, "JAX_COMPILATION_CACHE_DIR": os.path.join(base(), "jax-cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "TF_NUM_INTRAOP_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    return with_xla_flags(env, "--xla_backend_optimization_level=0", "--xla_cpu_multi_thread_eigen=false")
 
 
 def ensure():
@@ -177,7 +182,7 @@ def _make(folder):
 
 
 def _start(folder, name, command, backend="tensorflow"):
-    env = {**os.environ, **jax_cache_environment(), "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
     with open(os.path.join(folder, f"{name}.out"), "w") as out:
         process = subprocess.Popen(["timeout", str(TIMEOUT_SECONDS), *command], cwd=ROOT, env=env, stdout=out,
                                    stderr=subprocess.STDOUT)  # fmt: skip

@@ -1,7 +1,7 @@
-"""Shared test setup: quiet TensorFlow, two logical CPU devices for distribution tests, JAX's
-compilation cache for the JAX processes that tests start, the slow tests first; the tolerance
-of scores computed two ways; what the TensorFlow and the JAX checks of one feature share; one
-load of each shared export a process."""
+"""Shared test setup: quiet TensorFlow without its graph rewrites, two logical CPU devices for
+distribution tests, the environment of every process (artifacts.test_environment), the slow
+tests first; the tolerance of scores computed two ways; what the TensorFlow and the JAX checks
+of one feature share; one load of each shared export a process."""
 
 import contextlib
 import functools
@@ -16,14 +16,24 @@ import time
 import artifacts as shared
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.update(shared.jax_cache_environment())  # inherited by every process a test starts
+os.environ.update(shared.test_environment(os.environ))  # inherited by every process a test starts
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from bench.common import with_xla_flags  # noqa: E402
 from training.recipes import MECHANICS  # noqa: E402
+
+# TensorFlow's graph rewrites (grappler's folding, fusing, layout and arithmetic passes) take
+# seconds on each of the suite's many graphs, and a test's graph runs a few times. Off in the
+# suite's own process; function inlining stays, so that an error names a signature's input as a
+# server's does. The processes that tests start (the commands, the C++ loader) keep them.
+tf.config.optimizer.set_experimental_options({name: False for name in (
+    "layout_optimizer", "constant_folding", "shape_optimization", "remapping", "arithmetic_optimization",
+    "dependency_optimization", "loop_optimization", "debug_stripper", "scoped_allocator_optimization",
+    "pin_to_host_optimization", "implementation_selector")})  # fmt: skip
 
 # Must happen before TensorFlow initialises its devices: tests of MirroredStrategy need two.
 tf.config.set_logical_device_configuration(
@@ -175,8 +185,8 @@ WORKER = os.path.join(ROOT, "tests", "backend_worker.py")
 def run_under(backend, *args, devices=1):
     """Runs `python *args` with Keras on `backend`, over `devices` host CPU devices under JAX,
     for at most 15 minutes; returns its standard output."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = with_xla_flags({**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT},
+                         f"--xla_force_host_platform_device_count={devices}")
     result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from artifacts import MARIAN
-from bench.common import held_port
+from bench.common import held_port, with_xla_flags
 from training.recipes import MECHANICS
 from conftest import ROOT, WORKER
 from keras_transformer import Transformer
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.xdist_group("multihost")
 
 
 def _environment(devices):
-    return {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": ROOT,
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}  # fmt: skip
+    return with_xla_flags({**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": ROOT},
+                          f"--xla_force_host_platform_device_count={devices}")
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from bench.common import with_xla_flags
 from conftest import loaded_export
 from export.xla import CompiledShapes
 
@@ -66,8 +67,8 @@ def test_the_xla_export_translates_like_the_default_and_compiles_only_in_its_war
         assert json.load(f)["xla"] == {"batch_sizes": [4], "source_lengths": [8, 16]}
     requests = _requests()
     dump = tmp_path / "dump"
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env["XLA_FLAGS"] = f"--xla_dump_to={dump}"  # a file set per XLA compilation
+    env = with_xla_flags({key: value for key, value in os.environ.items() if key != "PYTHONPATH"},
+                         f"--xla_dump_to={dump}")  # a file set per XLA compilation
     output = subprocess.run([sys.executable, "-c", FRESH_PROCESS, target, str(dump), json.dumps(requests)], check=True,
                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900).stdout  # fmt: skip
     served = json.loads(output.splitlines()[-1])
