@@ -1,0 +1,199 @@
+"""Marian's models (OPUS-MT) read into a `Transformer` (training/marian.py), checked against
+Marian's Transformer written out in NumPy from the same files, in Marian's own ids. No trained
+model can be downloaded here, so each test writes a Marian model of random weights, with
+LayerNorms and biases far from their initial 1 and 0, so that a swapped tensor shows."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID
+from keras_transformer.search import decode
+from training import marian
+
+# Plain pieces that a YAML reader would take for a boolean, a number or null; and quoted ones.
+PIECES = ["</s>", "<unk>", "▁the", "▁a", "yes", "1", "null", "▁dog", "s", "▁red", "'", ":", "▁car", "▁sees", "ed",
+          "▁é"]
+PLAIN = {"yes", "1", "null", "s", "ed"}
+D_MODEL, HEADS, D_FF = 16, 2, 32
+MAX_LENGTH = 9
+END_BIAS = 3.0  # on </s>'s logit, so that some outputs end before the length limit
+
+
+def marian_weights(rng, vocab, encoder_layers, decoder_layers):
+    """Random arrays under Marian's names and shapes (W `[in, out]`, b and LayerNorms `[1, n]`)."""
+    def matrix(*shape):
+        return rng.normal(0, 0.4, shape).astype(np.float32)
+
+    def row(n, around=0.0):
+        return (around + rng.normal(0, 0.3, (1, n))).astype(np.float32)
+
+    weights = {"Wemb": matrix(vocab, D_MODEL), "decoder_ff_logit_out_b": row(vocab)}
+    weights["decoder_ff_logit_out_b"][0, 0] += END_BIAS
+
+    def layer(scope, attentions):
+        for attention in attentions:
+            for name in "qkvo":
+                weights[f"{scope}_{attention}_W{name}"] = matrix(D_MODEL, D_MODEL)
+                weights[f"{scope}_{attention}_b{name}"] = row(D_MODEL)
+            weights[f"{scope}_{attention}_Wo_ln_scale"] = row(D_MODEL, 1.0)
+            weights[f"{scope}_{attention}_Wo_ln_bias"] = row(D_MODEL)
+        weights[f"{scope}_ffn_W1"], weights[f"{scope}_ffn_b1"] = matrix(D_MODEL, D_FF), row(D_FF)
+        weights[f"{scope}_ffn_W2"], weights[f"{scope}_ffn_b2"] = matrix(D_FF, D_MODEL), row(D_MODEL)
+        weights[f"{scope}_ffn_ffn_ln_scale"], weights[f"{scope}_ffn_ffn_ln_bias"] = row(D_MODEL, 1.0), row(D_MODEL)
+
+    for number in range(1, encoder_layers + 1):
+        layer(f"encoder_l{number}", ["self"])
+    for number in range(1, decoder_layers + 1):
+        layer(f"decoder_l{number}", ["self", "context"])
+    return weights
+
+
+def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_layers=1, seed=0, **options):
+    """An OPUS-MT release folder of random weights: model.npz (with its special:model.yml),
+    vocab.yml and decoder.yml. `options` replace Marian's options in the model. Returns the
+    folder's (model, vocabulary) paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model_options = {"type": "transformer", "dim-emb": D_MODEL, "enc-depth": encoder_layers,
+                     "dec-depth": decoder_layers,
+                     "transformer-heads": HEADS, "transformer-dim-ffn": D_FF, "transformer-ffn-activation": activation,
+                     "transformer-preprocess": "", "transformer-postprocess": "dan", "transformer-postprocess-emb": "d",
+                     "transformer-decoder-autoreg": "self-attention", "transformer-no-projection": False,
+                     "transformer-guided-alignment-layer": "last", "tied-embeddings-all": True,
+                     "dim-vocabs": [len(PIECES), len(PIECES)], **options}  # fmt: skip
+    weights = marian_weights(np.random.default_rng(seed), len(PIECES), encoder_layers, decoder_layers)
+    config = yaml.safe_dump(model_options).encode() + b"\0"  # Marian stores it as a C string
+    np.savez(folder / "model.npz", **weights, **{"special:model.yml": np.frombuffer(config, np.int8)})
+    lines = [f"{piece}: {i}" if piece in PLAIN else f"{json.dumps(piece)}: {i}" for i, piece in enumerate(PIECES)]
+    (folder / "vocab.yml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / "decoder.yml").write_text(yaml.safe_dump({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"]}))
+    return folder / "model.npz", folder / "vocab.yml"
+
+
+def sources(n=6, seed=1):
+    """Random sources of Marian's pieces (no special ones), each a list of 2 to 6 pieces."""
+    rng = np.random.default_rng(seed)
+    return [[PIECES[i] for i in rng.integers(2, len(PIECES), rng.integers(2, 7))] for _ in range(n)]
+
+
+def our_greedy(model, vocabulary, source_pieces):
+    """Our greedy translations (our ids, without the end of sentence) and their log-probabilities
+    (alpha 0), at most MAX_LENGTH tokens; and the sources in our ids."""
+    index = {piece: i for i, piece in enumerate(vocabulary)}
+    width = max(len(s) for s in source_pieces) + 1
+    ids = np.full((len(source_pieces), width), PAD_ID, np.int32)
+    for row, pieces in enumerate(source_pieces):
+        ids[row, : len(pieces) + 1] = [index[p] for p in pieces] + [EOS_ID]
+    result = decode(model, ids, beam_size=1, alpha=0.0, max_length=MAX_LENGTH)
+    return [[int(t) for t in row if t != PAD_ID] for row in np.asarray(result.tokens)], np.asarray(result.scores), ids
+
+
+def reference_log_probs(weights, activation, encoder_layers, decoder_layers, source, target):
+    """Marian's Transformer written out in float64 NumPy from its own arrays and ids: the
+    log-probability of each next token `[len(target), vocab]` after the decoder read its zero
+    start vector and `target[:-1]`; `source` and `target` in Marian's ids, each ending with </s>.
+    Embeddings scaled by sqrt(d_model) plus a sine half and a cosine half of the sinusoids;
+    post-norm layers (LayerNorm epsilon 1e-6) with q, k, v, o projections split into heads in
+    order; the logits through the embedding and Marian's bias."""
+    w = {name: np.asarray(value, np.float64) for name, value in weights.items() if name != "special:model.yml"}
+    head = D_MODEL // HEADS
+
+    def positions(n):
+        angle = np.arange(n)[:, None] / 10000 ** (2 * np.arange(D_MODEL // 2)[None] / D_MODEL)
+        return np.concatenate([np.sin(angle), np.cos(angle)], axis=1)
+
+    def norm(x, scope):
+        mean, variance = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mean) / np.sqrt(variance + 1e-6) * w[f"{scope}_ln_scale"] + w[f"{scope}_ln_bias"]
+
+    def attention(x, memory, scope, causal=False):
+        def heads(y, name):
+            return (y @ w[f"{scope}_W{name}"] + w[f"{scope}_b{name}"]).reshape(len(y), HEADS, head).transpose(1, 0, 2)
+
+        scores = heads(x, "q") @ heads(memory, "k").transpose(0, 2, 1) / np.sqrt(head)
+        if causal:
+            scores = scores + np.triu(np.full((len(x), len(memory)), -1e9), 1)
+        weights_ = np.exp(scores - scores.max(-1, keepdims=True))
+        weights_ /= weights_.sum(-1, keepdims=True)
+        mixed = (weights_ @ heads(memory, "v")).transpose(1, 0, 2).reshape(len(x), D_MODEL)
+        return norm(x + mixed @ w[f"{scope}_Wo"] + w[f"{scope}_bo"], f"{scope}_Wo")
+
+    def feed_forward(x, scope):
+        inner = x @ w[f"{scope}_W1"] + w[f"{scope}_b1"]
+        inner = inner / (1 + np.exp(-inner)) if activation == "swish" else np.maximum(inner, 0)
+        return norm(x + inner @ w[f"{scope}_W2"] + w[f"{scope}_b2"], f"{scope}_ffn")
+
+    embedding = w["Wemb"]
+    x = embedding[source] * np.sqrt(D_MODEL) + positions(len(source))
+    for number in range(1, encoder_layers + 1):
+        x = feed_forward(attention(x, x, f"encoder_l{number}_self"), f"encoder_l{number}_ffn")
+    y = np.concatenate([np.zeros((1, D_MODEL)), embedding[target[:-1]] * np.sqrt(D_MODEL)]) + positions(len(target))
+    for number in range(1, decoder_layers + 1):
+        y = attention(y, y, f"decoder_l{number}_self", causal=True)
+        y = feed_forward(attention(y, x, f"decoder_l{number}_context"), f"decoder_l{number}_ffn")
+    logits = y @ embedding.T + w["decoder_ff_logit_out_b"]
+    logits = logits - logits.max(-1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+
+def test_the_vocabulary_takes_our_layout_and_plain_pieces_stay_strings(tmp_path):
+    _, vocabulary_path = write_marian_model(tmp_path)
+    assert marian.read_vocabulary(vocabulary_path) == PIECES
+    ours = marian.vocabulary_in_our_ids(PIECES)
+    assert len(ours) == len(PIECES) + 2
+    assert (ours[PAD_ID], ours[1], ours[BOS_ID], ours[EOS_ID]) == ("<pad>", "<unk>", "<s>", "</s>")
+    assert ours[4:] == PIECES[2:]
+    assert [ours[i] for i in marian.our_id(np.arange(len(PIECES)))] == PIECES
+
+
+@pytest.mark.parametrize("activation, encoder_layers, decoder_layers", [("swish", 2, 1), ("relu", 1, 2)])
+def test_an_imported_model_translates_and_scores_as_marians_transformer_written_out(
+    tmp_path, activation, encoder_layers, decoder_layers
+):
+    model_path, vocabulary_path = write_marian_model(tmp_path, activation, encoder_layers, decoder_layers)
+    model, vocabulary = marian.load_marian(model_path, vocabulary_path)
+    assert (model.config.encoder_layers, model.config.decoder_layers, model.config.activation) == (
+        encoder_layers, decoder_layers, activation)  # fmt: skip
+    assert float(model.embedding.bias[BOS_ID]) == NEG_INF and not np.any(model.embedding.embeddings[BOS_ID])
+    with np.load(model_path) as npz:
+        weights = {name: npz[name] for name in npz.files}
+    to_marian = {int(marian.our_id(i)): i for i in range(len(PIECES))}
+    tokens, scores, sources_ = our_greedy(model, vocabulary, sources())
+    assert len({len(t) for t in tokens}) > 1, tokens  # some end before the limit: the end of sentence is scored too
+    for output, score, source in zip(tokens, scores, sources_):
+        source = [to_marian[int(t)] for t in source if t != PAD_ID]
+        ended = len(output) < MAX_LENGTH  # else the length limit cut it
+        target = [to_marian[t] for t in output] + ([marian.MARIAN_EOS] if ended else [])
+        log_probs = reference_log_probs(weights, activation, encoder_layers, decoder_layers, source,
+                                        target if ended else target + [marian.MARIAN_EOS])  # fmt: skip
+        assert target == list(np.argmax(log_probs, axis=-1)[: len(target)])  # greedy: the most likely each step
+        np.testing.assert_allclose(score, sum(log_probs[i, t] for i, t in enumerate(target)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [({"transformer-postprocess": "da", "transformer-preprocess": "n"}, "--transformer-preprocess is 'n'"),
+     ({"tied-embeddings-all": False}, "--tied-embeddings-all is False"),
+     ({"transformer-ffn-activation": "gelu"}, "--transformer-ffn-activation 'gelu'"),
+     ({"type": "s2s"}, "--type is 's2s'")],
+)  # fmt: skip
+def test_a_model_that_is_not_marians_post_norm_transformer_is_refused_naming_the_file_and_option(
+    tmp_path, change, message
+):
+    model_path, vocabulary_path = write_marian_model(tmp_path, **change)
+    with pytest.raises(ValueError, match=f"{model_path}: Marian's {message}"):
+        marian.load_marian(model_path, vocabulary_path)
+
+
+def test_a_missing_or_misshapen_tensor_is_refused_naming_the_file_and_tensor(tmp_path):
+    model_path, vocabulary_path = write_marian_model(tmp_path)
+    with np.load(model_path) as npz:
+        weights = {name: npz[name] for name in npz.files}
+    np.savez(model_path, **{k: v for k, v in weights.items() if k != "decoder_l1_context_Wk"})
+    with pytest.raises(ValueError, match=f"{model_path} has no tensor decoder_l1_context_Wk"):
+        marian.load_marian(model_path, vocabulary_path)
+    np.savez(model_path, **{**weights, "encoder_l2_ffn_W1": weights["encoder_l2_ffn_W1"][:, :-1]})
+    with pytest.raises(ValueError, match=rf"{model_path}: encoder_l2_ffn_W1 has shape \(16, 31\)"):
+        marian.load_marian(model_path, vocabulary_path)
