@@ -1,7 +1,8 @@
-"""Marian's models (OPUS-MT) read into a `Transformer` (training/marian.py), checked against
-Marian's Transformer written out in NumPy from the same files, in Marian's own ids. No trained
-model can be downloaded here, so each test writes a Marian model of random weights, with
-LayerNorms and biases far from their initial 1 and 0, so that a swapped tensor shows."""
+"""Marian's models (OPUS-MT) read into a `Transformer` (training/marian.py), checked against two
+independent readers of the same files: Marian's Transformer written out in NumPy, in Marian's own
+ids, and CTranslate2's own OPUS-MT converter. No trained model can be downloaded here, so each
+test writes a Marian model of random weights, with LayerNorms and biases far from their initial
+1 and 0, so that a swapped tensor shows."""
 
 import json
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from export import ctranslate2 as conversion
 from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID
 from keras_transformer.search import decode
 from training import marian
@@ -19,7 +21,7 @@ PIECES = ["</s>", "<unk>", "▁the", "▁a", "yes", "1", "null", "▁dog", "s", 
 PLAIN = {"yes", "1", "null", "s", "ed"}
 D_MODEL, HEADS, D_FF = 16, 2, 32
 MAX_LENGTH = 9
-END_BIAS = 3.0  # on </s>'s logit, so that some outputs end before the length limit
+END_BIAS = 1.5  # on </s>'s logit, so that some outputs end before the length limit
 
 
 def marian_weights(rng, vocab, encoder_layers, decoder_layers):
@@ -66,7 +68,8 @@ def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_lay
     weights = marian_weights(np.random.default_rng(seed), len(PIECES), encoder_layers, decoder_layers)
     config = yaml.safe_dump(model_options).encode() + b"\0"  # Marian stores it as a C string
     np.savez(folder / "model.npz", **weights, **{"special:model.yml": np.frombuffer(config, np.int8)})
-    lines = [f"{piece}: {i}" if piece in PLAIN else f"{json.dumps(piece)}: {i}" for i, piece in enumerate(PIECES)]
+    lines = [piece if piece in PLAIN else json.dumps(piece, ensure_ascii=False) for piece in PIECES]  # UTF-8, as Marian
+    lines = [f"{piece}: {i}" for i, piece in enumerate(lines)]
     (folder / "vocab.yml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (folder / "decoder.yml").write_text(yaml.safe_dump({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"]}))
     return folder / "model.npz", folder / "vocab.yml"
@@ -80,13 +83,13 @@ def sources(n=6, seed=1):
 
 def our_greedy(model, vocabulary, source_pieces):
     """Our greedy translations (our ids, without the end of sentence) and their log-probabilities
-    (alpha 0), at most MAX_LENGTH tokens; and the sources in our ids."""
+    (alpha 0), of 1 to MAX_LENGTH tokens; and the sources in our ids."""
     index = {piece: i for i, piece in enumerate(vocabulary)}
     width = max(len(s) for s in source_pieces) + 1
     ids = np.full((len(source_pieces), width), PAD_ID, np.int32)
     for row, pieces in enumerate(source_pieces):
         ids[row, : len(pieces) + 1] = [index[p] for p in pieces] + [EOS_ID]
-    result = decode(model, ids, beam_size=1, alpha=0.0, max_length=MAX_LENGTH)
+    result = decode(model, ids, beam_size=1, alpha=0.0, max_length=MAX_LENGTH, min_length=1)
     return [[int(t) for t in row if t != PAD_ID] for row in np.asarray(result.tokens)], np.asarray(result.scores), ids
 
 
@@ -168,8 +171,31 @@ def test_an_imported_model_translates_and_scores_as_marians_transformer_written_
         target = [to_marian[t] for t in output] + ([marian.MARIAN_EOS] if ended else [])
         log_probs = reference_log_probs(weights, activation, encoder_layers, decoder_layers, source,
                                         target if ended else target + [marian.MARIAN_EOS])  # fmt: skip
-        assert target == list(np.argmax(log_probs, axis=-1)[: len(target)])  # greedy: the most likely each step
+        log_probs_ = log_probs.copy()
+        log_probs_[0, marian.MARIAN_EOS] = -np.inf  # min_length=1
+        assert target == list(np.argmax(log_probs_, axis=-1)[: len(target)])  # greedy: the most likely each step
         np.testing.assert_allclose(score, sum(log_probs[i, t] for i, t in enumerate(target)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("activation", ["swish", "relu"])
+def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(tmp_path, activation):
+    import ctranslate2
+    from ctranslate2.converters import OpusMTConverter
+
+    if not conversion.available():
+        pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
+    model_path, vocabulary_path = write_marian_model(tmp_path / "opus", activation, 2, 1)
+    model, vocabulary = marian.load_marian(model_path, vocabulary_path)
+    tokens, scores, _ = our_greedy(model, vocabulary, sources())
+    OpusMTConverter(str(tmp_path / "opus")).convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    results = translator.translate_batch(sources(), beam_size=1, min_decoding_length=1, max_decoding_length=MAX_LENGTH)
+    outputs = [[vocabulary[t] for t in output] for output in tokens]
+    assert outputs == [r.hypotheses[0] for r in results]
+    # Its log-probabilities of our outputs, </s> appended (those that the length limit cut, without its).
+    scored = translator.score_batch(sources(), outputs)
+    expected = [sum(s.log_probs[: len(o) + (len(o) < MAX_LENGTH)]) for s, o in zip(scored, outputs)]
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
