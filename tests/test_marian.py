@@ -1,6 +1,7 @@
-"""Marian's models (OPUS-MT) read into a `Transformer` (training/marian.py), checked against two
-independent readers of the same files: Marian's Transformer written out in NumPy, in Marian's own
-ids, and CTranslate2's own OPUS-MT converter. No trained model can be downloaded here, so each
+"""Marian's models (OPUS-MT) read into a `Transformer` (training/marian.py) from either form,
+checked against two independent readers of the same files: Marian's Transformer written out in
+NumPy, in Marian's own ids, and CTranslate2's own OPUS-MT converter; and both forms of the same
+weights against each other. No trained model can be downloaded here, so each
 test writes a Marian model of random weights, with LayerNorms and biases far from their initial
 1 and 0, so that a swapped tensor shows."""
 
@@ -73,6 +74,50 @@ def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_lay
     (folder / "vocab.yml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (folder / "decoder.yml").write_text(yaml.safe_dump({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"]}))
     return folder / "model.npz", folder / "vocab.yml"
+
+
+def write_hugging_face_model(folder, marian_folder):
+    """The Marian model in `marian_folder` in Hugging Face's form, as its conversion writes it:
+    config.json, model.safetensors (torch's Linear weights `[out, in]`; one shared embedding with
+    a zero row for <pad>, the last id, which starts the decoder) and vocab.json."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with np.load(marian_folder / "model.npz") as npz:
+        weights = {name: npz[name] for name in npz.files}
+    options = yaml.safe_load(weights.pop("special:model.yml").tobytes().rstrip(b"\0"))
+    vocab = len(PIECES)
+    tensors = {"model.shared.weight": np.concatenate([weights["Wemb"], np.zeros((1, D_MODEL), np.float32)]),
+               "final_logits_bias": np.pad(weights["decoder_ff_logit_out_b"], ((0, 0), (0, 1)))}
+    for stack, count in (("encoder", options["enc-depth"]), ("decoder", options["dec-depth"])):
+        for i in range(count):
+            marian_scope, theirs = f"{stack}_l{i + 1}", f"model.{stack}.layers.{i}"
+            attentions = [("self", "self_attn")] + ([("context", "encoder_attn")] if stack == "decoder" else [])
+            for scope, name in attentions:
+                for letter, projection in zip("qkvo", ("q_proj", "k_proj", "v_proj", "out_proj")):
+                    kernel = weights[f"{marian_scope}_{scope}_W{letter}"]
+                    tensors[f"{theirs}.{name}.{projection}.weight"] = np.ascontiguousarray(kernel.T)
+                    tensors[f"{theirs}.{name}.{projection}.bias"] = weights[f"{marian_scope}_{scope}_b{letter}"].ravel()
+                tensors[f"{theirs}.{name}_layer_norm.weight"] = weights[f"{marian_scope}_{scope}_Wo_ln_scale"].ravel()
+                tensors[f"{theirs}.{name}_layer_norm.bias"] = weights[f"{marian_scope}_{scope}_Wo_ln_bias"].ravel()
+            for number in (1, 2):
+                kernel = weights[f"{marian_scope}_ffn_W{number}"]
+                tensors[f"{theirs}.fc{number}.weight"] = np.ascontiguousarray(kernel.T)
+                tensors[f"{theirs}.fc{number}.bias"] = weights[f"{marian_scope}_ffn_b{number}"].ravel()
+            tensors[f"{theirs}.final_layer_norm.weight"] = weights[f"{marian_scope}_ffn_ffn_ln_scale"].ravel()
+            tensors[f"{theirs}.final_layer_norm.bias"] = weights[f"{marian_scope}_ffn_ffn_ln_bias"].ravel()
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {"model_type": "marian", "d_model": D_MODEL, "encoder_layers": options["enc-depth"],
+              "decoder_layers": options["dec-depth"], "encoder_attention_heads": HEADS,
+              "decoder_attention_heads": HEADS, "encoder_ffn_dim": D_FF, "decoder_ffn_dim": D_FF,
+              "activation_function": options["transformer-ffn-activation"],
+              "vocab_size": vocab + 1, "pad_token_id": vocab, "eos_token_id": 0, "decoder_start_token_id": vocab,
+              "max_position_embeddings": 512, "scale_embedding": True, "normalize_before": False,
+              "share_encoder_decoder_embeddings": True, "dropout": 0.1, "attention_dropout": 0.0,
+              "activation_dropout": 0.0}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "vocab.json").write_text(json.dumps({**{p: i for i, p in enumerate(PIECES)}, "<pad>": vocab}))
+    return folder
 
 
 def sources(n=6, seed=1):
@@ -155,8 +200,8 @@ def test_the_vocabulary_takes_our_layout_and_plain_pieces_stay_strings(tmp_path)
 def test_an_imported_model_translates_and_scores_as_marians_transformer_written_out(
     tmp_path, activation, encoder_layers, decoder_layers
 ):
-    model_path, vocabulary_path = write_marian_model(tmp_path, activation, encoder_layers, decoder_layers)
-    model, vocabulary = marian.load_marian(model_path, vocabulary_path)
+    model_path, _ = write_marian_model(tmp_path, activation, encoder_layers, decoder_layers)
+    model, vocabulary = marian.load_marian(tmp_path)
     assert (model.config.encoder_layers, model.config.decoder_layers, model.config.activation) == (
         encoder_layers, decoder_layers, activation)  # fmt: skip
     assert float(model.embedding.bias[BOS_ID]) == NEG_INF and not np.any(model.embedding.embeddings[BOS_ID])
@@ -184,8 +229,8 @@ def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(
 
     if not conversion.available():
         pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
-    model_path, vocabulary_path = write_marian_model(tmp_path / "opus", activation, 2, 1)
-    model, vocabulary = marian.load_marian(model_path, vocabulary_path)
+    write_marian_model(tmp_path / "opus", activation, 2, 1)
+    model, vocabulary = marian.load_marian(tmp_path / "opus")
     tokens, scores, _ = our_greedy(model, vocabulary, sources())
     OpusMTConverter(str(tmp_path / "opus")).convert(str(tmp_path / "ct2"))
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
@@ -198,6 +243,29 @@ def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(
     np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("activation", ["swish", "relu"])
+def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activation):
+    write_marian_model(tmp_path / "marian", activation, 1, 2)
+    write_hugging_face_model(tmp_path / "hugging-face", tmp_path / "marian")
+    (one, one_vocabulary), (other, other_vocabulary) = (
+        marian.load_marian(tmp_path / form) for form in ("marian", "hugging-face"))  # fmt: skip
+    assert one.config == other.config and one_vocabulary == other_vocabulary
+    for variable, same in zip(one.weights, other.weights, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), same.numpy(), err_msg=variable.path)
+
+
+def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(tmp_path):
+    write_marian_model(tmp_path / "marian")
+    folder = write_hugging_face_model(tmp_path / "hf", tmp_path / "marian")
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs"):
+        marian.load_marian(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "bart"}))
+    with pytest.raises(ValueError, match=f"{folder / 'config.json'}: model_type 'bart': only marian can be imported"):
+        marian.load_marian(folder)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [({"transformer-postprocess": "da", "transformer-preprocess": "n"}, "--transformer-preprocess is 'n'"),
@@ -208,18 +276,18 @@ def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(
 def test_a_model_that_is_not_marians_post_norm_transformer_is_refused_naming_the_file_and_option(
     tmp_path, change, message
 ):
-    model_path, vocabulary_path = write_marian_model(tmp_path, **change)
+    model_path, _ = write_marian_model(tmp_path, **change)
     with pytest.raises(ValueError, match=f"{model_path}: Marian's {message}"):
-        marian.load_marian(model_path, vocabulary_path)
+        marian.load_marian(tmp_path)
 
 
 def test_a_missing_or_misshapen_tensor_is_refused_naming_the_file_and_tensor(tmp_path):
-    model_path, vocabulary_path = write_marian_model(tmp_path)
+    model_path, _ = write_marian_model(tmp_path)
     with np.load(model_path) as npz:
         weights = {name: npz[name] for name in npz.files}
     np.savez(model_path, **{k: v for k, v in weights.items() if k != "decoder_l1_context_Wk"})
     with pytest.raises(ValueError, match=f"{model_path} has no tensor decoder_l1_context_Wk"):
-        marian.load_marian(model_path, vocabulary_path)
+        marian.load_marian(tmp_path)
     np.savez(model_path, **{**weights, "encoder_l2_ffn_W1": weights["encoder_l2_ffn_W1"][:, :-1]})
     with pytest.raises(ValueError, match=rf"{model_path}: encoder_l2_ffn_W1 has shape \(16, 31\)"):
-        marian.load_marian(model_path, vocabulary_path)
+        marian.load_marian(tmp_path)

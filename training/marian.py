@@ -1,5 +1,8 @@
 """Marian's Transformer (the OPUS-MT models) read into a `Transformer`: its options from the
 model's own config, its weights by their Marian names, its vocabulary in this project's ids.
+Either of its two published forms (`read_model`): Marian's release folder (`model.npz` with its
+`special:model.yml`, `*.vocab.yml`), or Hugging Face's (`config.json` of model_type marian,
+`model.safetensors`, `vocab.json`), whose tensors are renamed to Marian's on reading.
 
 Marian's model is the paper's post-norm Transformer (`--transformer-postprocess dan`) with the
 options TransformerConfig has for it: the swish activation, a sine half and a cosine half of the
@@ -16,6 +19,10 @@ no setting of its own. The translations and scores are Marian's: a zero vector s
 sqrt(d_model) is still zero, and a logit of `NEG_INF` takes no probability
 (tests/test_marian.py checks them against Marian's Transformer written out in NumPy).
 """
+
+import glob
+import json
+import os
 
 import numpy as np
 import yaml
@@ -74,9 +81,7 @@ def read_vocabulary(path):
                 raise ValueError(f"{path}, line {number}: {line!r} is not `piece: id`.") from None
     if sorted(found) != list(range(len(found))):
         raise ValueError(f"{path}: the ids are not 0 to {len(found) - 1} each once.")
-    if (found.get(MARIAN_EOS), found.get(MARIAN_UNK)) != ("</s>", "<unk>"):
-        raise ValueError(f"{path}: ids 0 and 1 are {found.get(0)!r} and {found.get(1)!r}, not Marian's </s> and <unk>.")
-    return [found[i] for i in range(len(found))]
+    return read_pieces([found[i] for i in range(len(found))], path)
 
 
 def model_options(weights, path):
@@ -133,17 +138,116 @@ class _Weights:
         return value.reshape(shape)
 
 
-def load_marian(model_path, vocabulary_path):
-    """A `Transformer` of the Marian model in `model_path` (`.npz`) and its vocabulary
-    (`*.vocab.yml`); returns (the model, its pieces in our ids)."""
+def read_model(folder):
+    """(weights by Marian's names, Marian's options, pieces by Marian's id, the file the weights
+    came from) of an OPUS-MT model in either form in `folder`."""
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return read_hugging_face(folder)
+    models = sorted(glob.glob(os.path.join(folder, "*.npz")))
+    vocabularies = sorted(glob.glob(os.path.join(folder, "*.vocab.yml")))
+    decoder = os.path.join(folder, "decoder.yml")
+    if os.path.exists(decoder):  # the release's own choice of model and vocabularies
+        with open(decoder, encoding="utf-8") as f:
+            chosen = yaml.safe_load(f)
+        models = [os.path.join(folder, chosen["models"][0])]
+        vocabularies = [os.path.join(folder, name) for name in chosen["vocabs"]]
+    if not models or not vocabularies:
+        raise ValueError(f"{folder}: neither config.json (Hugging Face's form) nor a model .npz with a .vocab.yml "
+                         "(Marian's).")  # fmt: skip
+    if len(set(vocabularies)) > 1:
+        raise ValueError(f"{folder}: separate source and target vocabularies ({', '.join(vocabularies)}) are not "
+                         "imported yet.")  # fmt: skip
+    with np.load(models[0]) as npz:
+        weights = {name: npz[name] for name in npz.files}
+    return weights, model_options(weights, models[0]), read_vocabulary(vocabularies[0]), models[0]
+
+
+def read_hugging_face(folder):
+    """`read_model` for Hugging Face's form: its config as Marian's options, its tensors under
+    Marian's names (torch's Linear weights `[out, in]` transposed to Marian's `[in, out]`), its
+    vocabulary without the padding Hugging Face appends (the decoder's zero start)."""
+    config_path = os.path.join(folder, "config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    if config.get("model_type") != "marian":
+        raise ValueError(f"{config_path}: model_type {config.get('model_type')!r}: only marian can be imported.")
+    path = os.path.join(folder, "model.safetensors")
+    if not os.path.exists(path):
+        if os.path.exists(os.path.join(folder, "pytorch_model.bin")):
+            raise ValueError(f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs torch. "
+                             "Save the model with safe_serialization=True first.")  # fmt: skip
+        raise ValueError(f"{folder} has no model.safetensors.")
+    from safetensors.numpy import load_file
+
+    tensors = load_file(path)
+    for name, value in (("encoder_attention_heads", config.get("decoder_attention_heads")),
+                        ("encoder_ffn_dim", config.get("decoder_ffn_dim"))):  # fmt: skip
+        if config.get(name) != value:
+            raise ValueError(f"{config_path}: {name} {config.get(name)} differs from the decoder's {value}.")
+    required = {"normalize_before": False, "scale_embedding": True, "share_encoder_decoder_embeddings": True}
+    for name, value in required.items():
+        if config.get(name, value) != value:
+            raise ValueError(f"{config_path}: {name} {config[name]!r}; only {value!r} can be imported.")
+    activation = config["activation_function"]
+    options = {"type": "transformer", "dim-emb": config["d_model"], "enc-depth": config["encoder_layers"],
+               "dec-depth": config["decoder_layers"], "transformer-heads": config["encoder_attention_heads"],
+               "transformer-dim-ffn": config["encoder_ffn_dim"],
+               "transformer-ffn-activation": "swish" if activation == "silu" else activation,
+               "transformer-dropout": config.get("dropout", 0.1),
+               "transformer-dropout-attention": config.get("attention_dropout", 0.0),
+               "transformer-dropout-ffn": config.get("activation_dropout", 0.0),
+               "max-length": config.get("max_position_embeddings")}  # fmt: skip
+    with open(os.path.join(folder, "vocab.json"), encoding="utf-8") as f:
+        ids = json.load(f)
+    pad = config["pad_token_id"]
+    if pad != len(ids) - 1 or config.get("decoder_start_token_id", pad) != pad:
+        raise ValueError(f"{config_path}: pad_token_id {pad} is not the last of vocab.json's {len(ids)} ids, "
+                         "which starts the decoder from a zero vector as Marian does.")  # fmt: skip
+    pieces = [None] * len(ids)
+    for piece, i in ids.items():
+        pieces[i] = piece
+
+    def take(name):
+        if name not in tensors:
+            raise ValueError(f"{path} has no tensor {name}: not a Marian Transformer of its own config.")
+        return tensors[name]
+
+    weights = {"Wemb": take("model.shared.weight")[:pad],
+               "decoder_ff_logit_out_b": take("final_logits_bias")[..., :pad]}  # fmt: skip
+    for stack, count in (("encoder", config["encoder_layers"]), ("decoder", config["decoder_layers"])):
+        for i in range(count):
+            marian, theirs = f"{stack}_l{i + 1}", f"model.{stack}.layers.{i}"
+            attentions = [("self", "self_attn")] + ([("context", "encoder_attn")] if stack == "decoder" else [])
+            for scope, name in attentions:
+                for letter, projection in zip("qkvo", ("q_proj", "k_proj", "v_proj", "out_proj")):
+                    weights[f"{marian}_{scope}_W{letter}"] = take(f"{theirs}.{name}.{projection}.weight").T
+                    weights[f"{marian}_{scope}_b{letter}"] = take(f"{theirs}.{name}.{projection}.bias")
+                weights[f"{marian}_{scope}_Wo_ln_scale"] = take(f"{theirs}.{name}_layer_norm.weight")
+                weights[f"{marian}_{scope}_Wo_ln_bias"] = take(f"{theirs}.{name}_layer_norm.bias")
+            for number in (1, 2):
+                weights[f"{marian}_ffn_W{number}"] = take(f"{theirs}.fc{number}.weight").T
+                weights[f"{marian}_ffn_b{number}"] = take(f"{theirs}.fc{number}.bias")
+            weights[f"{marian}_ffn_ffn_ln_scale"] = take(f"{theirs}.final_layer_norm.weight")
+            weights[f"{marian}_ffn_ffn_ln_bias"] = take(f"{theirs}.final_layer_norm.bias")
+    return weights, options, read_pieces(pieces[:pad], os.path.join(folder, "vocab.json")), path
+
+
+def read_pieces(pieces, path):
+    """`pieces` (Marian's, by id), checked: Marian's </s> and <unk> first."""
+    if pieces[:2] != ["</s>", "<unk>"]:
+        raise ValueError(f"{path}: ids 0 and 1 are {pieces[:2]}, not Marian's </s> and <unk>.")
+    return pieces
+
+
+def load_marian(folder):
+    """A `Transformer` of the OPUS-MT model in `folder`, in either form; returns (the model, its
+    pieces in our ids)."""
     from keras_transformer.model import Transformer
 
-    pieces = read_vocabulary(vocabulary_path)
-    with np.load(model_path) as npz:
-        weights = {name: npz[name] for name in npz.files}
-    config = config_from_options(model_options(weights, model_path), len(pieces), model_path)
+    weights, options, pieces, path = read_model(folder)
+    config = config_from_options(options, len(pieces), path)
     model = Transformer(config)
-    marian = _Weights(weights, model_path)
+    marian = _Weights(weights, path)
     d, vocab = config.d_model, len(pieces)
 
     embedding = np.zeros((config.vocab_size, d), np.float32)  # padding's and the begin's rows stay zero
