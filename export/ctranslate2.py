@@ -50,12 +50,15 @@ def available():
     return True
 
 
-def convert(model, directory, vocabulary, quantization="float32", add_source_eos=True, files=None):
+def convert(model, directory, vocabulary, quantization="float32", add_source_eos=True, files=None,
+            source_vocabulary=None):
     """Writes `model` (a `Transformer`) as a CTranslate2 model in `directory`; returns it.
 
     Args:
         vocabulary: the token of each id, `config.vocab_size` strings; ids 1, 2 and 3 (unknown,
             begin and end of sentence) are CTranslate2's `<unk>`, `<s>` and `</s>`.
+        source_vocabulary: the source's, `config.source_vocab_size` strings, for a model with a
+            source vocabulary of its own (else the source's is `vocabulary`).
         quantization: one of `QUANTIZATIONS`, the stored weights' type.
         add_source_eos: whether CTranslate2 appends `</s>` to each source (False for callers
             that pass it themselves).
@@ -68,6 +71,11 @@ def convert(model, directory, vocabulary, quantization="float32", add_source_eos
         raise ValueError(f"--quantization {quantization!r}: choose {', '.join(QUANTIZATIONS)}.")
     if len(vocabulary) != config.vocab_size:
         raise ValueError(f"The vocabulary has {len(vocabulary)} tokens; the model has {config.vocab_size}.")
+    source_size = config.source_vocab_size or config.vocab_size
+    source_vocabulary = vocabulary if config.source_vocab_size is None else source_vocabulary
+    if source_vocabulary is None or len(source_vocabulary) != source_size:
+        given = "none" if source_vocabulary is None else len(source_vocabulary)
+        raise ValueError(f"The model's source vocabulary has {source_size} tokens; the one given has {given}.")
     activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH}[config.activation]
     spec = transformer_spec.TransformerSpec.from_config((config.encoder_layers, config.decoder_layers), config.num_heads,
                                                         pre_norm=False, activation=activation)  # fmt: skip
@@ -81,7 +89,8 @@ def convert(model, directory, vocabulary, quantization="float32", add_source_eos
         table = np.asarray(sinusoids(positions, config.d_model, model.positional_encoding.halves), np.float32)
     for stack_spec in (spec.encoder, spec.decoder):
         stack_spec.position_encodings.encodings = table
-    spec.encoder.embeddings[0].weight = embedding
+    separate = model.source_embedding is not None
+    spec.encoder.embeddings[0].weight = _numpy(model.source_embedding.embeddings) if separate else embedding
     spec.decoder.embeddings.weight = embedding
     spec.decoder.projection.weight = embedding  # logits = x E^T
     bias = _numpy(model.embedding.bias_or_zeros())  # with padding's, never generated
@@ -93,7 +102,7 @@ def convert(model, directory, vocabulary, quantization="float32", add_source_eos
         _attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_norm, fused=True)
         _attention(layer_spec.attention, layer.cross_attention, layer.cross_attention_norm, fused=False)
         _feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_norm)
-    spec.register_source_vocabulary(list(vocabulary))
+    spec.register_source_vocabulary(list(source_vocabulary))
     spec.register_target_vocabulary(list(vocabulary))
     for name, path in (files or {}).items():
         spec.register_file(path, name)

@@ -81,8 +81,11 @@ class TransformerConfig:
     """Everything that fixes the shape of a `Transformer`.
 
     Args:
-        vocab_size: size of the one vocabulary shared by source and target (section 3.4).
-            Id 0 is padding.
+        vocab_size: size of the one vocabulary shared by source and target (section 3.4), or
+            of the target's alone with `source_vocab_size`. Id 0 is padding.
+        source_vocab_size: None: the source shares the target's vocabulary and embedding (the
+            paper's). Else the size of the source's own vocabulary, with an embedding of its own
+            (some OPUS-MT models); the output projection stays tied to the target's embedding.
         encoder_layers: N of the encoder (section 3.1; default: `num_layers`).
         decoder_layers: N of the decoder. The decoder runs once a generated token, the encoder
             once a sentence: a deep encoder and a shallow decoder (Kasai et al. 2021) translate
@@ -108,6 +111,7 @@ class TransformerConfig:
     """
 
     vocab_size: int
+    source_vocab_size: int | None = None
     encoder_layers: int | None = None
     decoder_layers: int | None = None
     d_model: int = 512
@@ -133,8 +137,11 @@ class TransformerConfig:
         for name in ("encoder_layers", "decoder_layers"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, 6 if num_layers is None else num_layers)
-        for name in ("vocab_size", "encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "max_length"):
+        for name in ("vocab_size", "encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff", "max_length",
+                     "source_vocab_size"):  # fmt: skip
             value = getattr(self, name)
+            if name == "source_vocab_size" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}.")
         if self.d_model % self.num_heads:

@@ -1,4 +1,5 @@
-"""The Transformer: encoder-decoder over one shared embedding (section 3, Figure 1)."""
+"""The Transformer: encoder-decoder over one shared embedding (section 3, Figure 1), or over a
+source and a target embedding."""
 
 import collections
 
@@ -31,8 +32,9 @@ class Transformer(keras.Model):
 
     Token ids go through the shared embedding (scaled by sqrt(d_model)) plus positional
     encodings into the encoder; the decoder reads the target shifted right and the encoder
-    output; its output times the embedding matrix gives the logits (section 3.4). Id 0 is
-    padding in sources and targets.
+    output; its output times the embedding matrix gives the logits (section 3.4). With the
+    config's `source_vocab_size`, the source has an embedding of its own (`source_embedding`)
+    and the shared one is the target's. Id 0 is padding in sources and targets.
 
     Args:
         config: a `TransformerConfig` (or its dict).
@@ -57,6 +59,9 @@ class Transformer(keras.Model):
             config = TransformerConfig.from_dict(config)
         self.config = config
         self.embedding = SharedEmbedding(config.vocab_size, config.d_model, config.logits_bias, name="embedding")
+        self.source_embedding = None
+        if config.source_vocab_size is not None:
+            self.source_embedding = SharedEmbedding(config.source_vocab_size, config.d_model, name="source_embedding")
         self.positional_encoding = PositionalEncoding(
             config.max_length,
             learned=config.positional_encoding == "learned",
@@ -73,6 +78,8 @@ class Transformer(keras.Model):
             return
         width = (None, None, self.config.d_model)
         self.embedding.build()
+        if self.source_embedding is not None:
+            self.source_embedding.build()
         self.positional_encoding.build(width)
         self.encoder.build(width)
         self.decoder.build(width)
@@ -86,7 +93,8 @@ class Transformer(keras.Model):
         """Source ids `[batch, source_len]` -> (encoder output `[batch, source_len, d_model]`,
         source mask `[batch, 1, source_len]`)."""
         source_mask = ops.expand_dims(ops.not_equal(source_ids, PAD_ID), axis=1)
-        x = self.positional_encoding(self.embedding(source_ids))
+        embedding = self.embedding if self.source_embedding is None else self.source_embedding
+        x = self.positional_encoding(embedding(source_ids))
         return self.encoder(x, padding_mask=source_mask, training=training), source_mask
 
     def decode(self, target_input_ids, encoder_output, source_mask, training=None):

@@ -46,6 +46,7 @@ def test_each_preset_has_a_constructor_of_its_name_with_its_model():
         (dict(positional_encoding="rotary"), "got 'rotary'"),
         (dict(activation="gelu"), r"activation must be one of \('relu', 'swish'\), got 'gelu'"),
         (dict(layer_norm_epsilon=0.0), r"layer_norm_epsilon must be in \(0, 1\), got 0.0"),
+        (dict(source_vocab_size=0), "source_vocab_size must be a positive integer, got 0"),
     ],
 )
 def test_invalid_settings_name_the_values(overrides, message):

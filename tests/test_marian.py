@@ -20,20 +20,26 @@ from training import marian
 PIECES = ["</s>", "<unk>", "▁the", "▁a", "yes", "1", "null", "▁dog", "s", "▁red", "'", ":", "▁car", "▁sees", "ed",
           "▁é"]
 PLAIN = {"yes", "1", "null", "s", "ed"}
+SOURCE_PIECES = ["</s>", "<unk>", "▁le", "▁chien", "▁rouge", "▁voit", "▁la", "▁voiture", "s", "yes", "▁petit"]
 D_MODEL, HEADS, D_FF = 16, 2, 32
 MAX_LENGTH = 9
 END_BIAS = 1.5  # on </s>'s logit, so that some outputs end before the length limit
 
 
-def marian_weights(rng, vocab, encoder_layers, decoder_layers):
-    """Random arrays under Marian's names and shapes (W `[in, out]`, b and LayerNorms `[1, n]`)."""
+def marian_weights(rng, vocab, encoder_layers, decoder_layers, source_vocab=None):
+    """Random arrays under Marian's names and shapes (W `[in, out]`, b and LayerNorms `[1, n]`):
+    one embedding `Wemb`, or with `source_vocab` the source's and the target's."""
     def matrix(*shape):
         return rng.normal(0, 0.4, shape).astype(np.float32)
 
     def row(n, around=0.0):
         return (around + rng.normal(0, 0.3, (1, n))).astype(np.float32)
 
-    weights = {"Wemb": matrix(vocab, D_MODEL), "decoder_ff_logit_out_b": row(vocab)}
+    if source_vocab is None:
+        weights = {"Wemb": matrix(vocab, D_MODEL)}
+    else:
+        weights = {"encoder_Wemb": matrix(source_vocab, D_MODEL), "decoder_Wemb": matrix(vocab, D_MODEL)}
+    weights["decoder_ff_logit_out_b"] = row(vocab)
     weights["decoder_ff_logit_out_b"][0, 0] += END_BIAS
 
     def layer(scope, attentions):
@@ -54,26 +60,32 @@ def marian_weights(rng, vocab, encoder_layers, decoder_layers):
     return weights
 
 
-def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_layers=1, seed=0, **options):
+def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_layers=1, seed=0, separate=False,
+                       **options):
     """An OPUS-MT release folder of random weights: model.npz (with its special:model.yml),
-    vocab.yml and decoder.yml. `options` replace Marian's options in the model. Returns the
-    folder's (model, vocabulary) paths."""
+    vocab.yml (or with `separate`, source.vocab.yml of SOURCE_PIECES and target.vocab.yml of
+    PIECES, as models of two vocabularies have) and decoder.yml. `options` replace Marian's
+    options in the model. Returns the folder's (model, target vocabulary) paths."""
+    source_pieces = SOURCE_PIECES if separate else PIECES
     folder.mkdir(parents=True, exist_ok=True)
     model_options = {"type": "transformer", "dim-emb": D_MODEL, "enc-depth": encoder_layers,
                      "dec-depth": decoder_layers,
                      "transformer-heads": HEADS, "transformer-dim-ffn": D_FF, "transformer-ffn-activation": activation,
                      "transformer-preprocess": "", "transformer-postprocess": "dan", "transformer-postprocess-emb": "d",
                      "transformer-decoder-autoreg": "self-attention", "transformer-no-projection": False,
-                     "transformer-guided-alignment-layer": "last", "tied-embeddings-all": True,
-                     "dim-vocabs": [len(PIECES), len(PIECES)], **options}  # fmt: skip
-    weights = marian_weights(np.random.default_rng(seed), len(PIECES), encoder_layers, decoder_layers)
+                     "transformer-guided-alignment-layer": "last", "tied-embeddings-all": not separate,
+                     "tied-embeddings": separate, "dim-vocabs": [len(source_pieces), len(PIECES)],
+                     **options}  # fmt: skip
+    weights = marian_weights(np.random.default_rng(seed), len(PIECES), encoder_layers, decoder_layers,
+                             len(SOURCE_PIECES) if separate else None)
     config = yaml.safe_dump(model_options).encode() + b"\0"  # Marian stores it as a C string
     np.savez(folder / "model.npz", **weights, **{"special:model.yml": np.frombuffer(config, np.int8)})
-    lines = [piece if piece in PLAIN else json.dumps(piece, ensure_ascii=False) for piece in PIECES]  # UTF-8, as Marian
-    lines = [f"{piece}: {i}" for i, piece in enumerate(lines)]
-    (folder / "vocab.yml").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (folder / "decoder.yml").write_text(yaml.safe_dump({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"]}))
-    return folder / "model.npz", folder / "vocab.yml"
+    names = ["source.vocab.yml", "target.vocab.yml"] if separate else ["vocab.yml", "vocab.yml"]
+    for name, pieces in zip(names, (source_pieces, PIECES)):
+        lines = [piece if piece in PLAIN else json.dumps(piece, ensure_ascii=False) for piece in pieces]  # UTF-8
+        (folder / name).write_text("".join(f"{piece}: {i}\n" for i, piece in enumerate(lines)), encoding="utf-8")
+    (folder / "decoder.yml").write_text(yaml.safe_dump({"models": ["model.npz"], "vocabs": names}))
+    return folder / "model.npz", folder / names[1]
 
 
 def write_hugging_face_model(folder, marian_folder):
@@ -120,10 +132,10 @@ def write_hugging_face_model(folder, marian_folder):
     return folder
 
 
-def sources(n=6, seed=1):
-    """Random sources of Marian's pieces (no special ones), each a list of 2 to 6 pieces."""
+def sources(pieces=PIECES, n=6, seed=1):
+    """Random sources of `pieces` (no special ones), each a list of 2 to 6 pieces."""
     rng = np.random.default_rng(seed)
-    return [[PIECES[i] for i in rng.integers(2, len(PIECES), rng.integers(2, 7))] for _ in range(n)]
+    return [[pieces[i] for i in rng.integers(2, len(pieces), rng.integers(2, 7))] for _ in range(n)]
 
 
 def our_greedy(model, vocabulary, source_pieces):
@@ -173,8 +185,8 @@ def reference_log_probs(weights, activation, encoder_layers, decoder_layers, sou
         inner = inner / (1 + np.exp(-inner)) if activation == "swish" else np.maximum(inner, 0)
         return norm(x + inner @ w[f"{scope}_W2"] + w[f"{scope}_b2"], f"{scope}_ffn")
 
-    embedding = w["Wemb"]
-    x = embedding[source] * np.sqrt(D_MODEL) + positions(len(source))
+    embedding = w.get("decoder_Wemb", w.get("Wemb"))  # the target's, and the output projection
+    x = w.get("encoder_Wemb", embedding)[source] * np.sqrt(D_MODEL) + positions(len(source))
     for number in range(1, encoder_layers + 1):
         x = feed_forward(attention(x, x, f"encoder_l{number}_self"), f"encoder_l{number}_ffn")
     y = np.concatenate([np.zeros((1, D_MODEL)), embedding[target[:-1]] * np.sqrt(D_MODEL)]) + positions(len(target))
@@ -196,19 +208,23 @@ def test_the_vocabulary_takes_our_layout_and_plain_pieces_stay_strings(tmp_path)
     assert [ours[i] for i in marian.our_id(np.arange(len(PIECES)))] == PIECES
 
 
-@pytest.mark.parametrize("activation, encoder_layers, decoder_layers", [("swish", 2, 1), ("relu", 1, 2)])
+# (seed 2 of the model of two vocabularies: one whose outputs end at several lengths)
+@pytest.mark.parametrize("activation, encoder_layers, decoder_layers, separate, seed",
+                         [("swish", 2, 1, False, 0), ("relu", 1, 2, False, 0), ("swish", 1, 1, True, 2)])  # fmt: skip
 def test_an_imported_model_translates_and_scores_as_marians_transformer_written_out(
-    tmp_path, activation, encoder_layers, decoder_layers
+    tmp_path, activation, encoder_layers, decoder_layers, separate, seed
 ):
-    model_path, _ = write_marian_model(tmp_path, activation, encoder_layers, decoder_layers)
-    model, vocabulary = marian.load_marian(tmp_path)
+    model_path, _ = write_marian_model(tmp_path, activation, encoder_layers, decoder_layers, seed, separate)
+    model, source_vocabulary, vocabulary = marian.load_marian(tmp_path)
+    source_pieces = SOURCE_PIECES if separate else PIECES
+    assert model.config.source_vocab_size == (len(SOURCE_PIECES) + 2 if separate else None)
     assert (model.config.encoder_layers, model.config.decoder_layers, model.config.activation) == (
         encoder_layers, decoder_layers, activation)  # fmt: skip
     assert float(model.embedding.bias[BOS_ID]) == NEG_INF and not np.any(model.embedding.embeddings[BOS_ID])
     with np.load(model_path) as npz:
         weights = {name: npz[name] for name in npz.files}
-    to_marian = {int(marian.our_id(i)): i for i in range(len(PIECES))}
-    tokens, scores, sources_ = our_greedy(model, vocabulary, sources())
+    to_marian = {int(marian.our_id(i)): i for i in range(max(len(PIECES), len(source_pieces)))}
+    tokens, scores, sources_ = our_greedy(model, source_vocabulary, sources(source_pieces))
     assert len({len(t) for t in tokens}) > 1, tokens  # some end before the limit: the end of sentence is scored too
     for output, score, source in zip(tokens, scores, sources_):
         source = [to_marian[int(t)] for t in source if t != PAD_ID]
@@ -222,32 +238,38 @@ def test_an_imported_model_translates_and_scores_as_marians_transformer_written_
         np.testing.assert_allclose(score, sum(log_probs[i, t] for i, t in enumerate(target)), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("activation", ["swish", "relu"])
-def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(tmp_path, activation):
+@pytest.mark.parametrize("activation, separate", [("swish", False), ("relu", False), ("swish", True)])
+def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(tmp_path, activation, separate):
     import ctranslate2
     from ctranslate2.converters import OpusMTConverter
 
     if not conversion.available():
         pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
-    write_marian_model(tmp_path / "opus", activation, 2, 1)
-    model, vocabulary = marian.load_marian(tmp_path / "opus")
-    tokens, scores, _ = our_greedy(model, vocabulary, sources())
+    write_marian_model(tmp_path / "opus", activation, 2, 1, separate=separate)
+    model, source_vocabulary, vocabulary = marian.load_marian(tmp_path / "opus")
+    source_pieces = sources(SOURCE_PIECES if separate else PIECES)
+    tokens, scores, _ = our_greedy(model, source_vocabulary, source_pieces)
     OpusMTConverter(str(tmp_path / "opus")).convert(str(tmp_path / "ct2"))
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
-    results = translator.translate_batch(sources(), beam_size=1, min_decoding_length=1, max_decoding_length=MAX_LENGTH)
+    greedy = dict(beam_size=1, min_decoding_length=1, max_decoding_length=MAX_LENGTH)
+    results = translator.translate_batch(source_pieces, **greedy)
     outputs = [[vocabulary[t] for t in output] for output in tokens]
     assert outputs == [r.hypotheses[0] for r in results]
     # Its log-probabilities of our outputs, </s> appended (those that the length limit cut, without its).
-    scored = translator.score_batch(sources(), outputs)
+    scored = translator.score_batch(source_pieces, outputs)
     expected = [sum(s.log_probs[: len(o) + (len(o) < MAX_LENGTH)]) for s, o in zip(scored, outputs)]
     np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
+    # The CTranslate2 export of the imported model (export/ctranslate2.py) translates as CTranslate2's conversion.
+    conversion.convert(model, str(tmp_path / "ours"), vocabulary, source_vocabulary=source_vocabulary)
+    ours = ctranslate2.Translator(str(tmp_path / "ours"), device="cpu").translate_batch(source_pieces, **greedy)
+    assert [r.hypotheses[0] for r in ours] == outputs
 
 
 @pytest.mark.parametrize("activation", ["swish", "relu"])
 def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activation):
     write_marian_model(tmp_path / "marian", activation, 1, 2)
     write_hugging_face_model(tmp_path / "hugging-face", tmp_path / "marian")
-    (one, one_vocabulary), (other, other_vocabulary) = (
+    (one, *one_vocabulary), (other, *other_vocabulary) = (
         marian.load_marian(tmp_path / form) for form in ("marian", "hugging-face"))  # fmt: skip
     assert one.config == other.config and one_vocabulary == other_vocabulary
     for variable, same in zip(one.weights, other.weights, strict=True):
@@ -269,7 +291,7 @@ def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(t
 @pytest.mark.parametrize(
     "change, message",
     [({"transformer-postprocess": "da", "transformer-preprocess": "n"}, "--transformer-preprocess is 'n'"),
-     ({"tied-embeddings-all": False}, "--tied-embeddings-all is False"),
+     ({"tied-embeddings-all": False, "tied-embeddings": False}, "--tied-embeddings is False"),
      ({"transformer-ffn-activation": "gelu"}, "--transformer-ffn-activation 'gelu'"),
      ({"type": "s2s"}, "--type is 's2s'")],
 )  # fmt: skip

@@ -121,6 +121,22 @@ def test_one_embedding_matrix_serves_source_target_and_output(model):
     assert matrices[0] is model.embedding.embeddings
 
 
+def test_a_source_vocabulary_of_its_own_has_its_embedding_and_the_target_keeps_the_output(rng, tmp_path):
+    model = Transformer(TransformerConfig.tiny(VOCAB, source_vocab_size=VOCAB + 7, num_layers=1, d_model=32, d_ff=64))
+    assert model.source_embedding.embeddings.shape == (VOCAB + 7, 32)
+    assert model.embedding.embeddings.shape == (VOCAB, 32)
+    source = rng.integers(4, VOCAB + 7, size=(2, 6))  # ids past the target's vocabulary
+    target = rng.integers(4, VOCAB, size=(2, 5))
+    logits = model((source, target))
+    assert logits.shape == (2, 5, VOCAB)
+    model.source_embedding.embeddings.assign(model.source_embedding.embeddings * 2.0)  # the source's own matrix is read
+    assert not np.allclose(model((source, target)), logits)
+    model.save_weights(str(tmp_path / "separate.weights.h5"))
+    loaded = Transformer.from_config(model.get_config())
+    loaded.load_weights(str(tmp_path / "separate.weights.h5"))
+    np.testing.assert_allclose(loaded((source, target)), model((source, target)), rtol=1e-6, atol=1e-6)
+
+
 def test_save_and_load_reproduce_the_logits(model, rng, tmp_path):
     source, target = _ids(rng, 2, 6), _ids(rng, 2, 4)
     path = str(tmp_path / "model.keras")

@@ -6,7 +6,8 @@ Either of its two published forms (`read_model`): Marian's release folder (`mode
 
 Marian's model is the paper's post-norm Transformer (`--transformer-postprocess dan`) with the
 options TransformerConfig has for it: the swish activation, a sine half and a cosine half of the
-sinusoids, a bias on the logits. Its vocabulary has the end of sentence at id 0 and the unknown
+sinusoids, a bias on the logits, and a source vocabulary of its own where the model has one
+(`--tied-embeddings` without `-all`: the output projection tied to the target's embedding). Its vocabulary has the end of sentence at id 0 and the unknown
 token at id 1, and its decoder starts from a zero vector, not a token. Here the vocabulary takes
 this project's layout (keras_transformer/common.py: padding 0, unknown 1, begin 2, end 3) by
 two new rows, padding's and the begin of sentence's, both zero vectors, and the begin of
@@ -91,11 +92,15 @@ def model_options(weights, path):
     return yaml.safe_load(weights["special:model.yml"].tobytes().rstrip(b"\0"))
 
 
-def config_from_options(options, vocab_size, path):
-    """The `TransformerConfig` of a Marian model's `options` and its vocabulary's size (Marian's:
-    the config's is 2 more). Refuses what this project's model cannot compute."""
+def config_from_options(options, source_size, target_size, path):
+    """The `TransformerConfig` of a Marian model's `options` and its vocabularies' sizes (Marian's:
+    the config's are 2 more; the same vocabulary twice when the model has one). Refuses what this
+    project's model cannot compute."""
     required = {"type": "transformer", "transformer-preprocess": "", "transformer-postprocess": "dan",
-                "transformer-decoder-autoreg": "self-attention", "tied-embeddings-all": True}  # fmt: skip
+                "transformer-decoder-autoreg": "self-attention"}  # fmt: skip
+    if not options.get("tied-embeddings-all", True) and not options.get("tied-embeddings", False):
+        raise ValueError(f"{path}: Marian's --tied-embeddings is False: an output projection of its own cannot be "
+                         "imported, only one tied to the target's embedding.")  # fmt: skip
     for name, value in required.items():
         if options.get(name, value) != value:
             raise ValueError(f"{path}: Marian's --{name} is {options[name]!r}; only {value!r} can be imported.")
@@ -106,7 +111,8 @@ def config_from_options(options, vocab_size, path):
     if activation not in ("swish", "relu"):
         raise ValueError(f"{path}: Marian's --transformer-ffn-activation {activation!r}: only swish or relu.")
     return TransformerConfig(
-        vocab_size=vocab_size + NEW_ROWS,
+        vocab_size=target_size + NEW_ROWS,
+        source_vocab_size=None if options.get("tied-embeddings-all", True) else source_size + NEW_ROWS,
         encoder_layers=int(options["enc-depth"]),
         decoder_layers=int(options["dec-depth"]),
         d_model=int(options["dim-emb"]),
@@ -139,8 +145,8 @@ class _Weights:
 
 
 def read_model(folder):
-    """(weights by Marian's names, Marian's options, pieces by Marian's id, the file the weights
-    came from) of an OPUS-MT model in either form in `folder`."""
+    """(weights by Marian's names, Marian's options, the source's and the target's pieces by
+    Marian's id, the file the weights came from) of an OPUS-MT model in either form in `folder`."""
     if os.path.exists(os.path.join(folder, "config.json")):
         return read_hugging_face(folder)
     models = sorted(glob.glob(os.path.join(folder, "*.npz")))
@@ -154,12 +160,11 @@ def read_model(folder):
     if not models or not vocabularies:
         raise ValueError(f"{folder}: neither config.json (Hugging Face's form) nor a model .npz with a .vocab.yml "
                          "(Marian's).")  # fmt: skip
-    if len(set(vocabularies)) > 1:
-        raise ValueError(f"{folder}: separate source and target vocabularies ({', '.join(vocabularies)}) are not "
-                         "imported yet.")  # fmt: skip
     with np.load(models[0]) as npz:
         weights = {name: npz[name] for name in npz.files}
-    return weights, model_options(weights, models[0]), read_vocabulary(vocabularies[0]), models[0]
+    source = read_vocabulary(vocabularies[0])
+    target = source if vocabularies[-1] == vocabularies[0] else read_vocabulary(vocabularies[-1])
+    return weights, model_options(weights, models[0]), source, target, models[0]
 
 
 def read_hugging_face(folder):
@@ -229,7 +234,8 @@ def read_hugging_face(folder):
                 weights[f"{marian}_ffn_b{number}"] = take(f"{theirs}.fc{number}.bias")
             weights[f"{marian}_ffn_ffn_ln_scale"] = take(f"{theirs}.final_layer_norm.weight")
             weights[f"{marian}_ffn_ffn_ln_bias"] = take(f"{theirs}.final_layer_norm.bias")
-    return weights, options, read_pieces(pieces[:pad], os.path.join(folder, "vocab.json")), path
+    pieces = read_pieces(pieces[:pad], os.path.join(folder, "vocab.json"))
+    return weights, options, pieces, pieces, path
 
 
 def read_pieces(pieces, path):
@@ -240,22 +246,22 @@ def read_pieces(pieces, path):
 
 
 def load_marian(folder):
-    """A `Transformer` of the OPUS-MT model in `folder`, in either form; returns (the model, its
-    pieces in our ids)."""
+    """A `Transformer` of the OPUS-MT model in `folder`, in either form; returns (the model, the
+    source's pieces in our ids, the target's: one list twice for a model of one vocabulary)."""
     from keras_transformer.model import Transformer
 
-    weights, options, pieces, path = read_model(folder)
-    config = config_from_options(options, len(pieces), path)
+    weights, options, source, target, path = read_model(folder)
+    config = config_from_options(options, len(source), len(target), path)
     model = Transformer(config)
     marian = _Weights(weights, path)
-    d, vocab = config.d_model, len(pieces)
-
-    embedding = np.zeros((config.vocab_size, d), np.float32)  # padding's and the begin's rows stay zero
-    embedding[our_id(np.arange(vocab))] = marian.take("Wemb", (vocab, d))
-    bias = np.zeros((config.vocab_size,), np.float32)
-    bias[our_id(np.arange(vocab))] = marian.take("decoder_ff_logit_out_b", (vocab,))
+    d = config.d_model
+    if config.source_vocab_size is None:
+        model.embedding.embeddings.assign(_in_our_ids(marian.take("Wemb", (len(target), d))))
+    else:
+        model.source_embedding.embeddings.assign(_in_our_ids(marian.take("encoder_Wemb", (len(source), d))))
+        model.embedding.embeddings.assign(_in_our_ids(marian.take("decoder_Wemb", (len(target), d))))
+    bias = _in_our_ids(marian.take("decoder_ff_logit_out_b", (len(target),)))
     bias[BOS_ID] = NEG_INF
-    model.embedding.embeddings.assign(embedding)
     model.embedding.bias.assign(bias)
     for number, layer in enumerate(model.encoder.layers, 1):
         _attention(marian, f"encoder_l{number}_self", layer.self_attention, layer.self_attention_norm)
@@ -264,7 +270,14 @@ def load_marian(folder):
         _attention(marian, f"decoder_l{number}_self", layer.self_attention, layer.self_attention_norm)
         _attention(marian, f"decoder_l{number}_context", layer.cross_attention, layer.cross_attention_norm)
         _feed_forward(marian, f"decoder_l{number}_ffn", layer.feed_forward, layer.feed_forward_norm)
-    return model, vocabulary_in_our_ids(pieces)
+    return model, vocabulary_in_our_ids(source), vocabulary_in_our_ids(target)
+
+
+def _in_our_ids(rows):
+    """Marian's `rows` (a row an id) in our ids: padding's and the begin of sentence's are zero."""
+    ours = np.zeros((len(rows) + NEW_ROWS, *rows.shape[1:]), np.float32)
+    ours[our_id(np.arange(len(rows)))] = rows
+    return ours
 
 
 def _norm(marian, scope, norm):
