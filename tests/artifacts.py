@@ -118,7 +118,7 @@ def base():
     return os.environ.get(VARIABLE) or os.path.join(ROOT, ".test-artifacts")
 
 
-def test_environment(env):
+def suite_environment(env):
     """`env` with what every process of the suite, and every process it starts, runs with: JAX's
     compilation cache; one thread an operation, as two workers share two cores (more threads only
     spin); XLA's quick compilation, as the suite's programs run a few steps each."""
@@ -182,7 +182,7 @@ def _make(folder):
 
 
 def _start(folder, name, command, backend="tensorflow"):
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
+    env = {**suite_environment(os.environ), "KERAS_BACKEND": backend, "PYTHONPATH": ROOT}
     with open(os.path.join(folder, f"{name}.out"), "w") as out:
         process = subprocess.Popen(["timeout", str(TIMEOUT_SECONDS), *command], cwd=ROOT, env=env, stdout=out,
                                    stderr=subprocess.STDOUT)  # fmt: skip

@@ -1,5 +1,5 @@
 """Shared test setup: quiet TensorFlow without its graph rewrites, two logical CPU devices for
-distribution tests, the environment of every process (artifacts.test_environment), the slow
+distribution tests, the environment of every process (artifacts.suite_environment), the slow
 tests first; the tolerance of scores computed two ways; what the TensorFlow and the JAX checks
 of one feature share; one load of each shared export a process."""
 
@@ -16,7 +16,7 @@ import time
 import artifacts as shared
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.update(shared.test_environment(os.environ))  # inherited by every process a test starts
+os.environ.update(shared.suite_environment(os.environ))  # inherited by every process a test starts
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
