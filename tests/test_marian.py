@@ -1,9 +1,9 @@
 """Marian's models (OPUS-MT) read into a `Transformer` (training/marian.py) from either form,
 checked against two independent readers of the same files: Marian's Transformer written out in
 NumPy, in Marian's own ids, and CTranslate2's own OPUS-MT converter; and both forms of the same
-weights against each other. No trained model can be downloaded here, so each
-test writes a Marian model of random weights, with LayerNorms and biases far from their initial
-1 and 0, so that a swapped tensor shows."""
+weights against each other. No trained model can be downloaded here, so each test writes a
+Marian model of random weights, with LayerNorms and biases far from their initial 1 and 0, so
+that a swapped tensor shows."""
 
 import json
 
@@ -240,11 +240,11 @@ def test_an_imported_model_translates_and_scores_as_marians_transformer_written_
 
 @pytest.mark.parametrize("activation, separate", [("swish", False), ("relu", False), ("swish", True)])
 def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(tmp_path, activation, separate):
+    if not conversion.available():
+        pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
     import ctranslate2
     from ctranslate2.converters import OpusMTConverter
 
-    if not conversion.available():
-        pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
     write_marian_model(tmp_path / "opus", activation, 2, 1, separate=separate)
     model, source_vocabulary, vocabulary = marian.load_marian(tmp_path / "opus")
     source_pieces = sources(SOURCE_PIECES if separate else PIECES)

@@ -7,8 +7,9 @@ Either of its two published forms (`read_model`): Marian's release folder (`mode
 Marian's model is the paper's post-norm Transformer (`--transformer-postprocess dan`) with the
 options TransformerConfig has for it: the swish activation, a sine half and a cosine half of the
 sinusoids, a bias on the logits, and a source vocabulary of its own where the model has one
-(`--tied-embeddings` without `-all`: the output projection tied to the target's embedding). Its vocabulary has the end of sentence at id 0 and the unknown
-token at id 1, and its decoder starts from a zero vector, not a token. Here the vocabulary takes
+(`--tied-embeddings` without `-all`: the output projection tied to the target's embedding). Its
+vocabulary has the end of sentence at id 0 and the unknown token at id 1, and its decoder starts
+from a zero vector, not a token. Here the vocabulary takes
 this project's layout (keras_transformer/common.py: padding 0, unknown 1, begin 2, end 3) by
 two new rows, padding's and the begin of sentence's, both zero vectors, and the begin of
 sentence's logit bias `NEG_INF` (Marian has no such token to output):
@@ -47,8 +48,8 @@ def vocabulary_in_our_ids(pieces):
     """Marian's vocabulary (the piece of each of its ids) as ours: `len(pieces) + 2` pieces,
     padding's and the begin of sentence's named `<pad>` and `<s>`."""
     ours = [""] * (len(pieces) + NEW_ROWS)
-    for marian_id, piece in enumerate(pieces):
-        ours[int(our_id(marian_id))] = piece
+    for i, piece in zip(our_id(np.arange(len(pieces))), pieces):
+        ours[i] = piece
     ours[PAD_ID], ours[BOS_ID] = "<pad>", "<s>"
     return ours
 
@@ -80,9 +81,7 @@ def read_vocabulary(path):
                 found[int(value)] = piece
             except ValueError:
                 raise ValueError(f"{path}, line {number}: {line!r} is not `piece: id`.") from None
-    if sorted(found) != list(range(len(found))):
-        raise ValueError(f"{path}: the ids are not 0 to {len(found) - 1} each once.")
-    return read_pieces([found[i] for i in range(len(found))], path)
+    return pieces_by_id(found, path)
 
 
 def model_options(weights, path):
@@ -130,15 +129,17 @@ def config_from_options(options, source_size, target_size, path):
 
 
 class _Weights:
-    """A Marian model's arrays by name, each taken once and checked against the shape ours has."""
+    """A model's arrays by name, each taken checked against the shape ours has (if given)."""
 
     def __init__(self, weights, path):
         self.weights, self.path = weights, path
 
-    def take(self, name, shape):
+    def take(self, name, shape=None):
         if name not in self.weights:
             raise ValueError(f"{self.path} has no tensor {name}: not a Marian Transformer of its own config.")
         value = np.asarray(self.weights[name], np.float32)
+        if shape is None:
+            return value
         if value.size != int(np.prod(shape)):
             raise ValueError(f"{self.path}: {name} has shape {value.shape}; the config gives {tuple(shape)}.")
         return value.reshape(shape)
@@ -208,15 +209,8 @@ def read_hugging_face(folder):
     if pad != len(ids) - 1 or config.get("decoder_start_token_id", pad) != pad:
         raise ValueError(f"{config_path}: pad_token_id {pad} is not the last of vocab.json's {len(ids)} ids, "
                          "which starts the decoder from a zero vector as Marian does.")  # fmt: skip
-    pieces = [None] * len(ids)
-    for piece, i in ids.items():
-        pieces[i] = piece
-
-    def take(name):
-        if name not in tensors:
-            raise ValueError(f"{path} has no tensor {name}: not a Marian Transformer of its own config.")
-        return tensors[name]
-
+    pieces = pieces_by_id({i: piece for piece, i in ids.items()}, os.path.join(folder, "vocab.json"), pad)
+    take = _Weights(tensors, path).take
     weights = {"Wemb": take("model.shared.weight")[:pad],
                "decoder_ff_logit_out_b": take("final_logits_bias")[..., :pad]}  # fmt: skip
     for stack, count in (("encoder", config["encoder_layers"]), ("decoder", config["decoder_layers"])):
@@ -234,12 +228,15 @@ def read_hugging_face(folder):
                 weights[f"{marian}_ffn_b{number}"] = take(f"{theirs}.fc{number}.bias")
             weights[f"{marian}_ffn_ffn_ln_scale"] = take(f"{theirs}.final_layer_norm.weight")
             weights[f"{marian}_ffn_ffn_ln_bias"] = take(f"{theirs}.final_layer_norm.bias")
-    pieces = read_pieces(pieces[:pad], os.path.join(folder, "vocab.json"))
     return weights, options, pieces, pieces, path
 
 
-def read_pieces(pieces, path):
-    """`pieces` (Marian's, by id), checked: Marian's </s> and <unk> first."""
+def pieces_by_id(found, path, size=None):
+    """The pieces of `found` {id: piece} by id, the first `size` of them (default: all), checked:
+    ids 0 to n - 1 each once, Marian's </s> and <unk> first."""
+    if sorted(found) != list(range(len(found))):
+        raise ValueError(f"{path}: the ids are not 0 to {len(found) - 1} each once.")
+    pieces = [found[i] for i in range(len(found))][:size]
     if pieces[:2] != ["</s>", "<unk>"]:
         raise ValueError(f"{path}: ids 0 and 1 are {pieces[:2]}, not Marian's </s> and <unk>.")
     return pieces
