@@ -96,7 +96,7 @@ def main(argv=None):
     tuned, scratch_run = os.path.join(base, "finetuned"), os.path.join(base, "scratch")
     news_flags = ["--dataset", news_dir, *ADAPTED, "--eval-sentences", str(dev_pairs), *budget(args.adapt_minutes), *model_flags]
     rows["b_finetuned"] = (tuned, "best", trained(tuned, [*news_flags, "--init-from", f"{general}:{checkpoint}"]))
-    scratch_flags = [*news_flags, "--vocab-size", str(source.load_tokenizer().vocab_size)]
+    scratch_flags = [*news_flags, "--vocab-size", str(source.load_tokenizer().target.vocab_size)]
     rows["c_from_scratch"] = (scratch_run, "best", trained(scratch_run, scratch_flags))
     for row, (run_dir, name, minutes) in rows.items():
         metrics = score(run_dir, name, news, args.limit)

@@ -52,8 +52,8 @@ def main(argv=None):
                         "GPUs (softmax, logits and scores stay float32)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        tokenizer = RunFolder(args.run_dir).load_tokenizer() if needs_tokenizer(args) else None
-        settings = decoding_settings(args, tokenizer, alignment_layer=args.alignment_layer)
+        target = RunFolder(args.run_dir).load_tokenizer().target if needs_tokenizer(args) else None
+        settings = decoding_settings(args, target, alignment_layer=args.alignment_layer)
         shapes = CompiledShapes(args.xla_batch_sizes, args.xla_source_lengths) if args.xla else None
         target = export(args.run_dir, args.out, settings, version=args.version, checkpoint=args.checkpoint,
                         searches=args.searches, precision=args.precision, compiled_shapes=shapes,

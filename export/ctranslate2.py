@@ -118,8 +118,6 @@ def export(run_dir, out, quantization="float32", checkpoint=None):
     new folder `out`, through a staging folder renamed into place; returns `out`. The run's
     shortlist (training/shortlist.py), if it has one, becomes CTranslate2's vocabulary map
     (`vmap.txt`: `translate_batch(..., use_vmap=True)`)."""
-    import sentencepiece
-
     from training.run_folder import RunFolder, local_copy
 
     if os.path.exists(out) and os.listdir(out):
@@ -129,13 +127,15 @@ def export(run_dir, out, quantization="float32", checkpoint=None):
     staging = f"{out.rstrip(os.sep)}.partial"
     shutil.rmtree(staging, ignore_errors=True)  # what an interrupted conversion left
     shortlist = tf.io.gfile.exists(run.shortlist_path)
+    tokenizer = run.load_tokenizer()
     with contextlib.ExitStack() as stack:
         files = {"sentencepiece.model": stack.enter_context(local_copy(run.tokenizer_path))}
+        if not tokenizer.shared:
+            files["target_sentencepiece.model"] = stack.enter_context(local_copy(run.target_tokenizer_path))
         if shortlist:
             files["vmap.txt"] = stack.enter_context(local_copy(run.shortlist_path))
-        pieces = sentencepiece.SentencePieceProcessor(model_file=files["sentencepiece.model"])
-        vocabulary = [pieces.id_to_piece(i) for i in range(pieces.get_piece_size())]
-        convert(model, staging, vocabulary, quantization, files=files)
+        source_vocabulary = tokenizer.source.piece_list() if model.config.source_vocab_size else None
+        convert(model, staging, tokenizer.target.piece_list(), quantization, files=files, source_vocabulary=source_vocabulary)
     if os.path.exists(out):
         os.rmdir(out)
     os.rename(staging, out)

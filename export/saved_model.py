@@ -67,11 +67,12 @@ def _made_up_text(tokenizer, rng, batch, low, high):
     def source_lengths(text):
         return tokenizer.encode_source(tf.constant(text)).row_lengths().numpy()
 
+    source = tokenizer.source
     for _ in range(1000):
         lengths = rng.integers(1, high, size=batch)  # pieces, before the end of sentence
         lengths[rng.integers(batch)] = rng.integers(max(low - 1, 1), high)
-        ids = tf.ragged.constant([rng.integers(4, tokenizer.vocab_size, size=n).tolist() for n in lengths])
-        text = tokenizer.detokenize(ids).numpy()
+        ids = tf.ragged.constant([rng.integers(4, source.vocab_size, size=n).tolist() for n in lengths])
+        text = source.detokenize(ids).numpy()
         if low <= source_lengths(text).max() <= high:
             return text
     raise RuntimeError(f"No made-up text of {low} to {high} pieces in 1000 draws.")
@@ -163,11 +164,13 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
         }
         assets = os.path.join(staging, "_assets")
         os.makedirs(assets)
-        asset_paths = [os.path.join(assets, name) for name in (os.path.basename(METADATA), "config.json", "sentencepiece.model")]
-        with open(asset_paths[0], "w") as f:
+        with open(os.path.join(assets, os.path.basename(METADATA)), "w") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
-        tf.io.gfile.copy(run.config_path, asset_paths[1])
-        tf.io.gfile.copy(run.tokenizer_path, asset_paths[2])
+        asset_paths = [os.path.join(assets, os.path.basename(METADATA))]
+        for path, name in _RUN_ASSETS.items():
+            if tf.io.gfile.exists(getattr(run, path)):
+                asset_paths.append(os.path.join(assets, name))
+                tf.io.gfile.copy(getattr(run, path), asset_paths[-1])
         translator = Translator(model, tokenizer, settings, languages=served, assets=asset_paths, searches=searches,
                                 compiled_shapes=compiled_shapes, shortlist=table)  # fmt: skip
         saved = os.path.join(staging, "model")
@@ -179,6 +182,12 @@ def export(run_dir, base, settings=DecodingSettings(), *, version=None, checkpoi
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+# The run's files an export carries in its assets: {RunFolder attribute: the asset's name}. The
+# tokenizer's (training/tokenizer.py) are in the graph too; these are for a reader of the export.
+_RUN_ASSETS = {"config_path": "config.json", "tokenizer_path": "sentencepiece.model",
+               "target_tokenizer_path": "target_sentencepiece.model", "pieces_path": "pieces.json"}
 
 
 def _shortlist(run, shortlist):

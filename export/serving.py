@@ -108,7 +108,7 @@ class Translator(tf.Module):
 
     def _translate(self, text, target_language=None):
         result = self._translate_ids(self._source_ids(text, target_language))
-        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
+        return {"translation": self.tokenizer.target.detokenize(result.tokens), "score": result.scores}
 
     def _alignments(self, text, target_language=None):
         source_ids = self._source_ids(text, target_language)
@@ -117,11 +117,11 @@ class Translator(tf.Module):
                                         for ids in (source_ids, result.tokens))  # fmt: skip
         tokens = result.tokens[:, : tf.reduce_max(tf.concat([target_length, [0]], axis=0))]  # [batch, target]
         return {
-            "translation": self.tokenizer.detokenize(tokens),
+            "translation": self.tokenizer.target.detokenize(tokens),
             "score": result.scores,
-            "source_pieces": self.tokenizer.pieces(source_ids),
+            "source_pieces": self.tokenizer.source.pieces(source_ids),
             "source_length": source_length,
-            "target_pieces": self.tokenizer.pieces(tokens),
+            "target_pieces": self.tokenizer.target.pieces(tokens),
             "target_length": target_length,
             "attention": alignments(self.model, source_ids, tokens, self.settings.alignment_layer),
         }
@@ -133,14 +133,14 @@ class Translator(tf.Module):
 
     def _prefix(self, text, prefix, target_language=None):
         source_ids = self._source_ids(text, target_language)
-        prefix_ids = self.tokenizer.tokenize(_clean(prefix)).to_tensor()  # [batch, p]
+        prefix_ids = self.tokenizer.target.tokenize(_clean(prefix)).to_tensor()  # [batch, p]
         limit, _ = length_limits(self.model, source_ids, self.settings, None)  # [batch]
         pieces = tf.reduce_sum(tf.cast(prefix_ids != PAD_ID, tf.int32), axis=1)
         message = (f"prefix has more pieces than a translation of its sentence may have (max_length_a "
                    f"{self.settings.max_length_a} * the pieces of the source + max_length_b {self.settings.max_length_b})")  # fmt: skip
         with tf.control_dependencies([tf.debugging.assert_less_equal(pieces, limit, message=message)]):
             result = self._search(self.settings, source_ids, prefix_ids)
-        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores}
+        return {"translation": self.tokenizer.target.detokenize(result.tokens), "score": result.scores}
 
     def _sample(self, text, samples, seed, target_language=None, **sampling):
         """`samples` translations of each sentence drawn with the inputs of `SAMPLING_OPTIONS`
@@ -158,11 +158,11 @@ class Translator(tf.Module):
         limit = tf.where(limit > 0, tf.minimum(limit, self.model.config.max_length), self.model.config.max_length)
         source_ids, was_cut = cut(source_ids, limit)  # cut here, not again per slice
         result = self._search_with_options(_trimmed(source_ids), options)
-        return {"translation": self.tokenizer.detokenize(result.tokens), "score": result.scores, "cut": was_cut}
+        return {"translation": self.tokenizer.target.detokenize(result.tokens), "score": result.scores, "cut": was_cut}
 
     def _score(self, text, target, alpha, target_language=None):
         source_ids = self._source_ids(text, target_language)
-        target_ids = self._ids(target)  # its pieces and the end of sentence
+        target_ids = self.tokenizer.target.encode(_clean(target), self.model.config.max_length).to_tensor()
 
         def scored(source_ids, target_ids, alpha):  # a slice's, trimmed to its own longest source and target
             return score_translations(self.model, _trimmed(source_ids), _trimmed(target_ids), alpha)
@@ -178,7 +178,7 @@ class Translator(tf.Module):
         if row.choices:
             return tf.constant([self.choices[row.choices][0]])
         kind = row.option.kind
-        detokenize = lambda ids: self.tokenizer.detokenize(tf.ragged.constant(ids)).numpy()  # noqa: E731
+        detokenize = lambda ids: self.tokenizer.target.detokenize(tf.ragged.constant(ids)).numpy()  # noqa: E731
         return tf.constant(kind.served_default(getattr(self.settings, row.option.name), detokenize), kind.served_dtype)
 
     def _checked(self, method, inputs):
@@ -215,7 +215,7 @@ class Translator(tf.Module):
         of more pieces than the longest output never occurs in one: it becomes padding, so that
         no phrase makes a step cost more than one of `longest_output` pieces."""
         shape = tf.shape(phrases)
-        ids = self.tokenizer.tokenize(_clean(tf.reshape(phrases, [-1]))).to_tensor()  # [batch * s, pieces]
+        ids = self.tokenizer.target.tokenize(_clean(tf.reshape(phrases, [-1]))).to_tensor()  # [batch * s, pieces]
         fits = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=1, keepdims=True) <= self.longest_output
         ids = _trimmed(tf.where(fits, ids, PAD_ID))
         return tf.reshape(ids, tf.concat([shape, tf.shape(ids)[1:]], axis=0))
@@ -237,7 +237,7 @@ class Translator(tf.Module):
         width = tf.reduce_max(tf.concat([n, [0]], axis=0))
         tokens, scores = result.tokens[:, :width], result.scores[:, :width]  # [batch, width, length], [batch, width]
         shape = tf.shape(tokens)
-        translations = tf.reshape(self.tokenizer.detokenize(tf.reshape(tokens, [-1, shape[2]])), shape[:2])
+        translations = tf.reshape(self.tokenizer.target.detokenize(tf.reshape(tokens, [-1, shape[2]])), shape[:2])
         asked = tf.range(width)[None] < n[:, None]  # [batch, width]
         return {"translations": tf.where(asked, translations, ""), "scores": tf.where(asked, scores, NEG_INF)}
 

@@ -187,7 +187,7 @@ def translate(run_dir, sources_json):
     for name, beam_size in (("greedy", 1), ("beam", 4)):
         settings = DecodingSettings(beam_size=beam_size, max_length_b=10)
         tokens, scores = evaluate.compile_search(model, settings)(batch)
-        texts = tokenizer.detokenize(keras.ops.convert_to_numpy(tokens)).numpy()
+        texts = tokenizer.target.detokenize(keras.ops.convert_to_numpy(tokens)).numpy()
         result[name] = [[t.decode() for t in texts], keras.ops.convert_to_numpy(scores).tolist()]
     print(json.dumps(result))
 

@@ -44,12 +44,17 @@ def test_the_notebook_imports_only_what_the_requirements_install():
 def test_the_notebook_runs_top_to_bottom_on_jax_in_smoke_mode(tmp_path):
     from nbclient import NotebookClient
 
+    from bench.smoke import corpus
+
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    os.environ.update(KERAS_TRANSFORMER_SMOKE="1", KERAS_TRANSFORMER_DIR=ROOT)
+    # A corpus of 8 test sentences, not the built-in one's 1000, which an untrained model's searches take long over.
+    dataset = corpus(str(tmp_path), names=("train", "dev", "test"))
+    os.environ.update(KERAS_TRANSFORMER_SMOKE="1", KERAS_TRANSFORMER_DIR=ROOT, KERAS_TRANSFORMER_SMOKE_DATASET=dataset)
     try:
         NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     finally:
-        del os.environ["KERAS_TRANSFORMER_SMOKE"], os.environ["KERAS_TRANSFORMER_DIR"]
+        for name in ("KERAS_TRANSFORMER_SMOKE", "KERAS_TRANSFORMER_DIR", "KERAS_TRANSFORMER_SMOKE_DATASET"):
+            del os.environ[name]
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [output for output in outputs if output.output_type == "error"]
     text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")

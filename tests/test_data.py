@@ -132,8 +132,8 @@ def test_rare_buckets_join_the_next_larger_and_a_rare_last_bucket_takes_in_the_o
     long = " ".join(pairs[0][0] for _ in range(5))  # one pair of a longer bucket than the rest
     text = shards.InMemoryShards(pairs + [(long, long)], pairs_per_shard=1000)
     lengths = data.bucket_lengths(64)
-    keys = [max(len(synthetic_tokenizer.tokenize(s)) + 1, len(synthetic_tokenizer.tokenize(t)) + 1) for s, t in pairs]
-    assert max(keys) < 40 < len(synthetic_tokenizer.tokenize(long)) + 1 <= 64
+    keys = [max(len(synthetic_tokenizer.source.tokenize(s)) + 1, len(synthetic_tokenizer.target.tokenize(t)) + 1) for s, t in pairs]
+    assert max(keys) < 40 < len(synthetic_tokenizer.source.tokenize(long)) + 1 <= 64
     schedule = data.bucket_schedule(text, synthetic_tokenizer, batch_tokens=512, max_length=64, num_shares=1)
     assert max(keys) > 16
     # 40 is empty (joins 64); 64 holds one pair, too few alone, so it takes in 24's pairs.

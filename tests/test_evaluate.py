@@ -29,12 +29,12 @@ def test_dev_figures_are_named_for_their_split():
 
 
 def test_a_translator_without_xla_traces_its_search_once_for_every_batch_and_bucket(synthetic_tokenizer, monkeypatch):
-    config = TransformerConfig.tiny(synthetic_tokenizer.vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_length=24)
+    config = TransformerConfig.tiny(synthetic_tokenizer.target.vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_length=24)
     model, traces = Transformer(config), []
     step = model.decode_step
     monkeypatch.setattr(model, "decode_step", lambda *args: traces.append(args) or step(*args))
     sources = ["Hello.", "The small dog sees the red car in the old park near the school.", "I think so.", "A cat."] * 2
-    widths = {next(n for n in bucket_lengths(24) if n >= len(synthetic_tokenizer.tokenize(s)) + 1) for s in sources}
+    widths = {next(n for n in bucket_lengths(24) if n >= len(synthetic_tokenizer.source.tokenize(s)) + 1) for s in sources}
     assert len(widths) > 1
     translate = make_translator(model, synthetic_tokenizer, DecodingSettings(beam_size=2, max_length_b=2), batch_size=3,
                                 jit_compile=False)  # fmt: skip

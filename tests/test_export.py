@@ -439,7 +439,7 @@ def test_alignments_are_the_models_attention_for_the_translation_it_serves(expor
     tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
     source_ids = tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor().numpy()
     np.testing.assert_array_equal(result["source_length"], np.sum(source_ids != 0, axis=1))
-    target_ids = tokenizer.sentencepiece.string_to_id(tf.constant(result["target_pieces"])).numpy()
+    target_ids = tokenizer.target.sentencepiece.string_to_id(tf.constant(result["target_pieces"])).numpy()
     target_ids[result["target_pieces"] == b""] = 0
     assert b"".join(result["source_pieces"][0]).decode().replace("\u2581", " ").strip() == SENTENCES[0] + "</s>"
     expected = np.asarray(alignments(model, source_ids, target_ids))  # the last layer's, as exported
@@ -474,13 +474,13 @@ def test_a_prefix_starts_the_translation_as_the_library_forces_it_and_one_too_lo
     run = RunFolder(run_dir)
     tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
     expected = decode(model, tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor(), DecodingSettings(),
-                      target_prefix=tokenizer.tokenize(tf.constant(prefixes)).to_tensor())  # fmt: skip
-    np.testing.assert_array_equal(result["translation"], tokenizer.detokenize(expected.tokens))
+                      target_prefix=tokenizer.target.tokenize(tf.constant(prefixes)).to_tensor())  # fmt: skip
+    np.testing.assert_array_equal(result["translation"], tokenizer.target.detokenize(expected.tokens))
     np.testing.assert_allclose(result["score"], expected.scores, **SCORE_TOLERANCE)
     # A prefix as long as the translation may be is served; one piece more is refused.
-    word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.tokenize(w)) == 1)
-    longest = signature(text=tf.constant(["a"]), prefix=tf.constant([" ".join([word] * (len(tokenizer.tokenize("a")) + 1 + 50))]))
-    assert longest["translation"].numpy()[0].decode().split() == [word] * (len(tokenizer.tokenize("a")) + 1 + 50)
+    word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.target.tokenize(w)) == 1)
+    longest = signature(text=tf.constant(["a"]), prefix=tf.constant([" ".join([word] * (len(tokenizer.target.tokenize("a")) + 1 + 50))]))
+    assert longest["translation"].numpy()[0].decode().split() == [word] * (len(tokenizer.target.tokenize("a")) + 1 + 50)
     for text, prefix, error in ((["a"], [" ".join([word] * 60)], "prefix has more pieces than a translation of its sentence may have"),
                                 (SENTENCES, ["Ein"], "prefix must hold one value per sentence of text")):  # fmt: skip
         with pytest.raises(tf.errors.InvalidArgumentError, match=error):
@@ -517,7 +517,7 @@ def test_samples_are_drawn_as_the_library_draws_them_top_k_1_is_greedy_and_bad_o
     tokenizer, (model, _) = run.load_tokenizer(), run.load_model()
     expected = sample_search(model, tokenizer.encode_source(tf.constant(SENTENCES)).to_tensor(), [5, 6, 7], num_samples=3,
                              temperature=1.5, top_p=0.95)  # fmt: skip
-    texts = tokenizer.detokenize(tf.reshape(expected.tokens, [9, -1])).numpy().reshape(3, 3)
+    texts = tokenizer.target.detokenize(tf.reshape(expected.tokens, [9, -1])).numpy().reshape(3, 3)
     np.testing.assert_array_equal(drawn["translations"], texts)
     np.testing.assert_allclose(drawn["scores"], expected.scores, **SCORE_TOLERANCE)
     alone = sample(text=SENTENCES[1:2], temperature=1.5, top_p=0.95, seed=[6])
@@ -588,12 +588,12 @@ def test_bad_inputs_get_what_the_readme_promises(exported, run_dir):
 
     # A source is cut at max_length tokens (its last one the end of sentence).
     tokenizer, max_length = RunFolder(run_dir).load_tokenizer(), RunFolder(run_dir).config().max_length
-    word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.tokenize(w)) == 1)
+    word = next(w for w in ("dog", "the", "car", "man") if len(tokenizer.target.tokenize(w)) == 1)
     cut = translate([(word + " ") * 20000, (word + " ") * (max_length - 1)])
     assert cut["translation"][0] == cut["translation"][1]
     np.testing.assert_allclose(cut["score"][0], cut["score"][1], **SCORE_TOLERANCE)
     # Outputs have at most max_length + max_length_b tokens.
-    pieces = tokenizer.tokenize(cut["translation"]).row_lengths().numpy()
+    pieces = tokenizer.target.tokenize(cut["translation"]).row_lengths().numpy()
     assert np.all(pieces <= max_length + 50)
 
 
@@ -693,7 +693,7 @@ def test_export_versions_count_up_a_clash_is_refused_and_the_checkpoint_is_recor
     loaded = tf.saved_model.load(os.path.join(base, "5"))  # kept: its function needs its variables
     result = loaded.translate(tf.constant(SENTENCES))
     source_lengths = tokenizer.encode_source(tf.constant(SENTENCES)).row_lengths().numpy()
-    assert np.all(tokenizer.tokenize(result["translation"]).row_lengths().numpy() <= source_lengths)
+    assert np.all(tokenizer.target.tokenize(result["translation"]).row_lengths().numpy() <= source_lengths)
 
 
 def test_tfsm_layer_inside_another_keras_model(exported):

@@ -114,7 +114,7 @@ def under_jax(start, accumulation, artifacts, synthetic_corpus, synthetic_senten
     folder = tmp_path_factory.mktemp("jax")
     # Eight pairs of one bucket (length 8), as test_train's overfit, with the synthetic corpus' tokenizer.
     tokenizer = Tokenizer(synthetic_sentencepiece)
-    pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if all(len(tokenizer.tokenize(t)) < 8 for t in p)][:OVERFIT_PAIRS]
+    pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if all(len(tokenizer.source.tokenize(t)) < 8 for t in p)][:OVERFIT_PAIRS]
     data, overfit = folder / "eight", folder / "overfit"
     data.mkdir()
     overfit.mkdir()

@@ -83,9 +83,9 @@ def test_the_tokenizer_sample_takes_as_many_pairs_of_each_spread_over_it():
 def test_a_tag_is_one_piece_of_a_vocabulary_that_declares_it():
     sentences = [tagged(s, lang) for s in ("a dog sees a cat", "the red car", "hello world") for lang in ("de", "fr")] * 50
     tokenizer = Tokenizer(train_sentencepiece(sentences, 60, symbols=[tag("de"), tag("fr")]))
-    pieces = tokenizer.pieces(tokenizer.tokenize(tf.constant(["<2de> a dog", "<2fr> the car"])).to_tensor()).numpy()
+    pieces = tokenizer.source.pieces(tokenizer.source.tokenize(tf.constant(["<2de> a dog", "<2fr> the car"])).to_tensor()).numpy()
     assert [row[1] for row in pieces] == [b"<2de>", b"<2fr>"]  # after SentencePiece's word boundary
-    assert tokenizer.detokenize(tokenizer.tokenize(tf.constant(["<2fr> the car"]))).numpy().tolist() == [b"<2fr> the car"]
+    assert tokenizer.source.detokenize(tokenizer.source.tokenize(tf.constant(["<2fr> the car"]))).numpy().tolist() == [b"<2fr> the car"]
 
 
 def test_an_epoch_reads_each_pair_as_often_as_its_weight_asks(tmp_path):
@@ -101,7 +101,7 @@ def test_an_epoch_reads_each_pair_as_often_as_its_weight_asks(tmp_path):
         epoch = [target for _, target in tokenized.dataset().take(80).as_numpy_iterator()]  # 40 + 10 x 4 pairs
     finally:
         tokenized.close()
-    targets = tokenizer.detokenize(tf.ragged.constant(epoch)).numpy()
+    targets = tokenizer.target.detokenize(tf.ragged.constant(epoch)).numpy()
     assert sum(t.startswith(b"de ") for t in targets) == 40 == sum(t.startswith(b"cs ") for t in targets)
     assert len(set(targets)) == 44  # every pair, the small one's ten times each
     assert sorted(os.listdir(tmp_path / "tokenized")) == [f"shard-{i:05d}.tfrecord" for i in range(11)]  # each written once
@@ -343,7 +343,7 @@ def test_a_run_of_two_targets_fine_tunes_onto_one_of_new_data_and_refuses_a_lang
     tokenizer = tuned.load_tokenizer()
     (shard,) = glob.glob(os.path.join(tuned.path, "data", "tokenized-*", "shard-00000.tfrecord"))
     source, _ = records.decode(next(iter(tf.data.TFRecordDataset(shard))))
-    assert tokenizer.pieces(source[:2]).numpy().tolist() == [b"\xe2\x96\x81", b"<2qaa>"]  # as the model learned it
+    assert tokenizer.source.pieces(source[:2]).numpy().tolist() == [b"\xe2\x96\x81", b"<2qaa>"]  # as the model learned it
     assert tuned.targets() == {"qaa": "<2qaa> "}  # its export tags each source so too
 
     refused = tmp_path / "refused"

@@ -5,14 +5,16 @@ weights against each other. No trained model can be downloaded here, so each tes
 Marian model of random weights, with LayerNorms and biases far from their initial 1 and 0, so
 that a swapped tensor shows."""
 
+import io
 import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import yaml
 
 from export import ctranslate2 as conversion
-from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID
+from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
 from keras_transformer.search import decode
 from training import marian
 
@@ -61,12 +63,12 @@ def marian_weights(rng, vocab, encoder_layers, decoder_layers, source_vocab=None
 
 
 def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_layers=1, seed=0, separate=False,
-                       **options):
+                       pieces=PIECES, source_pieces=SOURCE_PIECES, **options):  # fmt: skip
     """An OPUS-MT release folder of random weights: model.npz (with its special:model.yml),
-    vocab.yml (or with `separate`, source.vocab.yml of SOURCE_PIECES and target.vocab.yml of
-    PIECES, as models of two vocabularies have) and decoder.yml. `options` replace Marian's
-    options in the model. Returns the folder's (model, target vocabulary) paths."""
-    source_pieces = SOURCE_PIECES if separate else PIECES
+    vocab.yml of `pieces` (or with `separate`, source.vocab.yml of `source_pieces` and
+    target.vocab.yml of `pieces`, as models of two vocabularies have) and decoder.yml. `options`
+    replace Marian's options in the model. Returns the folder's (model, target vocabulary) paths."""
+    source_pieces = source_pieces if separate else pieces
     folder.mkdir(parents=True, exist_ok=True)
     model_options = {"type": "transformer", "dim-emb": D_MODEL, "enc-depth": encoder_layers,
                      "dec-depth": decoder_layers,
@@ -74,15 +76,15 @@ def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_lay
                      "transformer-preprocess": "", "transformer-postprocess": "dan", "transformer-postprocess-emb": "d",
                      "transformer-decoder-autoreg": "self-attention", "transformer-no-projection": False,
                      "transformer-guided-alignment-layer": "last", "tied-embeddings-all": not separate,
-                     "tied-embeddings": separate, "dim-vocabs": [len(source_pieces), len(PIECES)],
+                     "tied-embeddings": separate, "dim-vocabs": [len(source_pieces), len(pieces)],
                      **options}  # fmt: skip
-    weights = marian_weights(np.random.default_rng(seed), len(PIECES), encoder_layers, decoder_layers,
-                             len(SOURCE_PIECES) if separate else None)
+    weights = marian_weights(np.random.default_rng(seed), len(pieces), encoder_layers, decoder_layers,
+                             len(source_pieces) if separate else None)
     config = yaml.safe_dump(model_options).encode() + b"\0"  # Marian stores it as a C string
     np.savez(folder / "model.npz", **weights, **{"special:model.yml": np.frombuffer(config, np.int8)})
     names = ["source.vocab.yml", "target.vocab.yml"] if separate else ["vocab.yml", "vocab.yml"]
-    for name, pieces in zip(names, (source_pieces, PIECES)):
-        lines = [piece if piece in PLAIN else json.dumps(piece, ensure_ascii=False) for piece in pieces]  # UTF-8
+    for name, side in zip(names, (source_pieces, pieces)):
+        lines = [piece if piece in PLAIN else json.dumps(piece, ensure_ascii=False) for piece in side]  # UTF-8
         (folder / name).write_text("".join(f"{piece}: {i}\n" for i, piece in enumerate(lines)), encoding="utf-8")
     (folder / "decoder.yml").write_text(yaml.safe_dump({"models": ["model.npz"], "vocabs": names}))
     return folder / "model.npz", folder / names[1]
@@ -313,3 +315,134 @@ def test_a_missing_or_misshapen_tensor_is_refused_naming_the_file_and_tensor(tmp
     np.savez(model_path, **{**weights, "encoder_l2_ffn_W1": weights["encoder_l2_ffn_W1"][:, :-1]})
     with pytest.raises(ValueError, match=rf"{model_path}: encoder_l2_ffn_W1 has shape \(16, 31\)"):
         marian.load_marian(tmp_path)
+
+
+def write_release(folder, separate=False, seed=0):
+    """An OPUS-MT release folder as `write_marian_model`'s, with the SentencePiece models of
+    OPUS-MT's layout (SentencePiece's own ids: <unk> 0, <s> 1, </s> 2) learned on synthetic
+    pairs, source.spm and target.spm, and a vocabulary of their pieces as marian-vocab makes it
+    (one of both sides' pieces, or one each with `separate`), with pieces that neither model has
+    (PLAIN). Returns (the pairs, the SentencePiece processors of the source and the target)."""
+    import sentencepiece
+
+    from training.synthetic import generate_splits
+
+    pairs = generate_splits(seed, 200, 8, 8)["train"]
+    folder.mkdir(parents=True, exist_ok=True)
+    processors = []
+    for side, name in enumerate(("source.spm", "target.spm")):
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter([pair[side] for pair in pairs]), model_writer=model,
+                                                 vocab_size=60, hard_vocab_limit=False, minloglevel=2)  # fmt: skip
+        (folder / name).write_bytes(model.getvalue())
+        processors.append(sentencepiece.SentencePieceProcessor(model_proto=model.getvalue()))
+
+    def vocabulary(*chosen):
+        found = dict.fromkeys(p.id_to_piece(i) for p in chosen for i in range(p.get_piece_size()) if not
+                              (p.is_control(i) or p.is_unknown(i)))  # fmt: skip
+        return ["</s>", "<unk>", *found, *sorted(PLAIN)]
+
+    if separate:
+        write_marian_model(folder, separate=True, seed=seed, pieces=vocabulary(processors[1]),
+                           source_pieces=vocabulary(processors[0]))  # fmt: skip
+    else:
+        write_marian_model(folder, seed=seed, pieces=vocabulary(*processors))
+    return pairs, processors
+
+
+def marians_ids(processor, vocabulary, text):
+    """Marian's reading of `text`: its SentencePiece pieces, each its id in `vocabulary` (a list
+    of pieces), or <unk>'s; then </s>."""
+    index = {piece: i for i, piece in reversed(list(enumerate(vocabulary)))}
+    return [index.get(piece, marian.MARIAN_UNK) for piece in processor.encode(text, out_type=str)] + [marian.MARIAN_EOS]
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_an_imported_run_folder_holds_the_weights_and_reads_text_as_marian_does(tmp_path, separate):
+    from training import import_marian
+    from training.run_folder import RunFolder
+
+    pairs, (source_spm, target_spm) = write_release(tmp_path / "opus-mt-en-de", separate)
+    import_marian.main([str(tmp_path / "opus-mt-en-de"), "--run-dir", str(tmp_path / "run")])  # languages from the name
+    run = RunFolder(str(tmp_path / "run"))
+    assert (run.settings()["pairs"], run.settings()["imported_from"]) == ("en-de", str(tmp_path / "opus-mt-en-de"))
+    model, checkpoint = run.load_model()
+    expected, source_pieces, target_pieces = marian.load_marian(tmp_path / "opus-mt-en-de")
+    assert checkpoint == run.checkpoint("latest")  # step 0, which --init-from starts from
+    for ours, theirs in zip(model.weights, expected.weights, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+    # Text to ids and back as Marian reads and writes it, a piece that the vocabulary lacks (and
+    # a vocabulary piece that SentencePiece lacks) included.
+    tokenizer = run.load_tokenizer()
+    sources = [source for source, _ in pairs[:6]] + ["the Zebra 7 walks"]
+    _, _, marians_source, _, _ = marian.read_model(tmp_path / "opus-mt-en-de")  # in Marian's ids
+    expected_ids = [marian.our_id(marians_ids(source_spm, marians_source, source)).tolist() for source in sources]
+    assert tokenizer.encode_source(tf.constant(sources)).to_list() == expected_ids
+    assert UNK_ID in expected_ids[-1]
+    targets = [target for _, target in pairs[:6]]
+    target_ids = tokenizer.target.tokenize(tf.constant(targets)).to_tensor()  # padded with 0
+    assert [t.decode() for t in tokenizer.target.detokenize(target_ids).numpy()] == targets
+    pieces = [[target_pieces[i] for i in row if i] for row in target_ids.numpy()]
+    assert pieces == [target_spm.encode(t, out_type=str) for t in targets]
+    # A piece of the vocabulary that SentencePiece lacks is written as SentencePiece's unknown.
+    assert tokenizer.target.detokenize(tf.constant([[target_pieces.index("yes"), EOS_ID]])).numpy().tolist() == [
+        target_spm.decode_ids([target_spm.piece_to_id("yes")]).encode()]  # fmt: skip
+    # The folder is not a training run to resume; the same --run-dir is refused.
+    with pytest.raises(ValueError, match=f"fine-tune it into a new --run-dir with --init-from {run.path}"):
+        run.check_resume(run.config(), run.settings())
+    with pytest.raises(SystemExit, match="holds a run already"):
+        import_marian.main([str(tmp_path / "opus-mt-en-de"), "--run-dir", run.path])
+
+
+@pytest.mark.slow
+def test_an_imported_model_exported_translates_and_scores_text_as_ctranslate2s_conversion_and_evaluates(tmp_path):
+    """The SavedModel of an imported run (`python -m export`) and CTranslate2's own conversion of
+    the same release folder, each with its tokenizers, take the same text to the same greedy
+    translations and scores; training.evaluate scores the run on the corpus the import named."""
+    if not conversion.available():
+        pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
+    import ctranslate2
+    from ctranslate2.converters import OpusMTConverter
+
+    from export.saved_model import export
+    from keras_transformer.search import DecodingSettings
+    from training import evaluate, import_marian
+
+    pairs, (source_spm, target_spm) = write_release(tmp_path / "opus", separate=True)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, chosen in (("train", pairs[:4]), ("dev", pairs[4:8]), ("test", pairs[8:12])):
+        for side, language in enumerate(("en", "de")):
+            (corpus / f"{split}.{language}").write_text("".join(pair[side] + "\n" for pair in chosen))
+    run_dir = str(tmp_path / "run")
+    import_marian.main([str(tmp_path / "opus"), "--run-dir", run_dir, "--dataset", str(corpus), "--source-lang", "en",
+                        "--target-lang", "de"])  # fmt: skip
+    greedy = DecodingSettings(beam_size=1, alpha=0.0, max_length_a=0.0, max_length_b=MAX_LENGTH, min_length=1)
+    served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports"), greedy))
+    sources = [source for source, _ in pairs[:8]] + ["the Zebra 7 walks"]
+    aligned = served.signatures["alignments"](text=tf.constant(sources))
+    translations = [t.decode() for t in served.signatures["serving_default"](text=tf.constant(sources))["translation"].numpy()]
+    assert translations == [t.decode() for t in aligned["translation"].numpy()]
+
+    OpusMTConverter(str(tmp_path / "opus")).convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    source_pieces = [source_spm.encode(source, out_type=str) for source in sources]
+    known = set(marian.read_model(tmp_path / "opus")[2])  # the source's vocabulary: a piece it lacks is <unk>
+    assert [[p.decode() for p in row if p] for row in aligned["source_pieces"].numpy()] == [
+        [*(p if p in known else "<unk>" for p in pieces), "</s>"] for pieces in source_pieces]  # fmt: skip
+    results = translator.translate_batch(source_pieces, beam_size=1, min_decoding_length=1, max_decoding_length=MAX_LENGTH)
+    outputs = [result.hypotheses[0] for result in results]
+    assert [[p.decode() for p in row if p not in (b"", b"</s>")] for row in aligned["target_pieces"].numpy()] == outputs
+    # Written by the target's SentencePiece model from its ids (a piece that it lacks: its unknown).
+    assert translations == [target_spm.decode_ids([target_spm.piece_to_id(p) for p in output]) for output in outputs]
+    targets = [target for _, target in pairs[:8]]
+    scores = served.signatures["score"](text=tf.constant(sources[:8]), target=tf.constant(targets), alpha=tf.zeros([8]))["log_prob"].numpy()
+    scored = translator.score_batch(source_pieces[:8], [target_spm.encode(target, out_type=str) for target in targets])
+    np.testing.assert_allclose(scores, [sum(s.log_probs) for s in scored], rtol=1e-4, atol=1e-4)
+
+    evaluate.main(["--run-dir", run_dir, "--no-xla", "--beam-size", "1", "--alpha", "0", "--max-length-a", "0",
+                   "--max-length-b", str(MAX_LENGTH), "--min-length", "1"])  # fmt: skip
+    test_sources = [source for source, _ in pairs[8:12]]
+    expected = served.signatures["serving_default"](text=tf.constant(test_sources))["translation"].numpy()
+    assert (tmp_path / "run" / "translations.test.txt").read_text().splitlines() == [t.decode() for t in expected]
+    assert "bleu" in json.loads((tmp_path / "run" / "metrics.json").read_text())

@@ -84,7 +84,7 @@ def customised(artifacts, tmp_path_factory):
     run = RunFolder(artifacts.tf_run)
     model, _ = run.load_model()
     tokenizer = run.load_tokenizer()
-    (hund,) = tokenizer.tokenize(tf.constant("Hund")).numpy()
+    (hund,) = tokenizer.target.tokenize(tf.constant("Hund")).numpy()
     (embeddings,) = [weight for weight in model.weights if weight.path.endswith("embeddings")]
     rows = embeddings.numpy()
     rows[UNK_ID] = 1.01 * rows[hund]
@@ -161,13 +161,13 @@ def test_each_option_alone_where_it_binds_decodes_as_the_library(customised):
         rows += [{**{o.name: EXPORTED.get(o.name, o.default) for o in OPTIONS}, **values}] * len(BINDING)
     source_ids, was_cut = cut(tokenizer.encode_source(tf.constant(BINDING * len(ALONE))).to_tensor(),
                               np.array([row["max_input_length"] for row in rows]))  # fmt: skip
-    phrases = tokenizer.tokenize(tf.constant([(row["suppress_sequences"] or [""])[0] for row in rows])).to_tensor()
+    phrases = tokenizer.target.tokenize(tf.constant([(row["suppress_sequences"] or [""])[0] for row in rows])).to_tensor()
     settings = DecodingSettings(**{o.name: np.array([row[o.name] for row in rows], o.kind.dtype) for o in OPTIONS
                                    if o.name not in ("suppress_sequences", "max_input_length")},
                                 suppress_sequences=phrases[:, None])  # fmt: skip
     longest = int(model.config.max_length * DecodingSettings.max_length_a) + DecodingSettings.max_length_b
     expected = decode(model, source_ids, settings, width=4, max_length=longest)
-    translations, scores, was_cut = tokenizer.detokenize(expected.tokens).numpy(), np.asarray(expected.scores), np.asarray(was_cut)
+    translations, scores, was_cut = tokenizer.target.detokenize(expected.tokens).numpy(), np.asarray(expected.scores), np.asarray(was_cut)
     for index, (option, result) in enumerate(results.items()):
         part = slice(index * len(BINDING), (index + 1) * len(BINDING))
         np.testing.assert_array_equal(result["translation"], translations[part], err_msg=option)
@@ -180,13 +180,13 @@ def test_per_sentence_options_give_what_the_library_gives_each_sentence(served, 
     text = tf.constant(SENTENCES)
     result = served.options(text, **_inputs(PER_SENTENCE))
     source_ids, was_cut = cut(tokenizer.encode_source(text).to_tensor(), np.array(PER_SENTENCE["max_input_length"]))
-    suppressed = tf.reshape(tokenizer.tokenize(tf.reshape(tf.constant(PER_SENTENCE["suppress_sequences"]), [-1])).to_tensor(),
+    suppressed = tf.reshape(tokenizer.target.tokenize(tf.reshape(tf.constant(PER_SENTENCE["suppress_sequences"]), [-1])).to_tensor(),
                             [3, 2, -1])  # fmt: skip
     values = {name: np.array(value) for name, value in PER_SENTENCE.items() if name != "suppress_sequences"}
     settings = DecodingSettings(**values, suppress_sequences=suppressed)
     longest = int(model.config.max_length * DecodingSettings.max_length_a) + DecodingSettings.max_length_b
     expected = decode(model, source_ids, settings, width=4, max_length=longest)
-    np.testing.assert_array_equal(result["translation"], tokenizer.detokenize(expected.tokens))
+    np.testing.assert_array_equal(result["translation"], tokenizer.target.detokenize(expected.tokens))
     np.testing.assert_allclose(result["score"], expected.scores, **SCORE_TOLERANCE)
     np.testing.assert_array_equal(result["cut"], was_cut)
     assert result["cut"].numpy().tolist() == [False, True, False]
@@ -266,7 +266,7 @@ def test_score_is_a_full_forward_pass_and_equals_the_searchs_own_score(served, l
     source_ids = tokenizer.encode_source(text).to_tensor().numpy()
     targets = ["Der Hund sieht das Auto.", "Ich denke.", "Die Katze folgt einem Pferd und einem Hund."]
     scored = {key: value.numpy() for key, value in served.score(text, tf.constant(targets), alpha=tf.constant([0.0])).items()}
-    target_ids = tokenizer.encode_source(tf.constant(targets)).to_tensor().numpy()
+    target_ids = tokenizer.target.encode(tf.constant(targets)).to_tensor().numpy()
     expected = _full_forward_log_probs(model, source_ids, target_ids)
     for row, tokens in enumerate(expected):
         assert scored["length"][row] == len(tokens) == np.sum(target_ids[row] != PAD_ID)

@@ -65,8 +65,8 @@ def _export_of_tagged_run(tmp_path, monkeypatch, pairs):
     tokenizer = Tokenizer(train_sentencepiece(sentences * 50, 60, symbols=[tag("de"), tag("qaa")]))
     run = RunFolder(str(tmp_path / "run"))
     os.makedirs(run.path)
-    tokenizer.save(run.tokenizer_path)
-    config = TransformerConfig.tiny(tokenizer.vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_length=16)
+    run.save_tokenizer(tokenizer)
+    config = TransformerConfig.tiny(tokenizer.target.vocab_size, num_layers=1, d_model=32, num_heads=2, d_ff=64, max_length=16)
     source, target = pairs.split(",")[0].split("-")
     run.record_segment(config, {"dataset": "synthetic", "source_lang": source, "target_lang": target, "pairs": pairs,
                                 "seed": 0}, 0)  # fmt: skip

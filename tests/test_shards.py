@@ -109,7 +109,7 @@ def test_the_tokenizer_sample_covers_the_whole_file(tmp_path):
 
 def _ids(tokenizer, pairs):
     sources = tokenizer.encode_source(tf.constant([p[0] for p in pairs])).to_list()
-    targets = tokenizer.tokenize(tf.constant([p[1] for p in pairs])).to_list()
+    targets = tokenizer.target.tokenize(tf.constant([p[1] for p in pairs])).to_list()
     return collections.Counter((tuple(s), tuple(t)) for s, t in zip(sources, targets))
 
 
@@ -144,7 +144,7 @@ from training.tokenizer import Tokenizer
 
 folder, cut, tokenized_dir = sys.argv[1:]
 text = data.load_corpus(folder, "en", "de").training_split(cut, pairs_per_shard=300)
-tokenizer = Tokenizer.load(os.path.join(folder, "tokenizer.model"))
+tokenizer = Tokenizer(open(os.path.join(folder, "tokenizer.model"), "rb").read())
 encode, calls = records.encode, []
 
 def records_then_killed(sources, targets):

@@ -251,7 +251,7 @@ def test_a_runs_table_maps_each_source_piece_to_the_target_pieces_it_translates_
         (data / f"train.{language}").write_text("".join(pair[side] + "\n" for pair in pairs))
     run = RunFolder(str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
-    Tokenizer(train_sentencepiece([text for pair in pairs for text in pair], 80)).save(run.tokenizer_path)
+    run.save_tokenizer(Tokenizer(train_sentencepiece([text for pair in pairs for text in pair], 80)))
     settings = {"dataset": str(data), "source_lang": "en", "target_lang": "xx", "pairs": "en-xx", "seed": 0,
                 "dev_split": "dev", "test_split": "test"}  # fmt: skip
     run.record_segment(TransformerConfig.tiny(80), settings, 0)
@@ -323,7 +323,7 @@ def test_an_export_with_a_shortlist_learns_the_runs_table_and_serves_the_library
     expected = search_over(vocabulary, decode, model, ids, DecodingSettings(beam_size=4))
     loaded = tf.saved_model.load(path)
     served = loaded.translate(tf.constant(sentences))
-    assert served["translation"].numpy().tolist() == tokenizer.detokenize(expected.tokens).numpy().tolist()
+    assert served["translation"].numpy().tolist() == tokenizer.target.detokenize(expected.tokens).numpy().tolist()
     np.testing.assert_allclose(served["score"], expected.scores, **SCORE_TOLERANCE)
     assert len(np.asarray(vocabulary)) < pieces.get_piece_size() / 2  # the test scores fewer tokens
     # Against the whole vocabulary's export on the test split, a sentence a request (its own
@@ -359,7 +359,7 @@ def test_an_export_with_a_shortlist_learns_the_runs_table_and_serves_the_library
     one = ids[:1, : int(np.sum(np.asarray(ids[0]) != PAD_ID))]
     expected = search_over(candidates(one, table, always, minimum=8), decode, model, one, DecodingSettings(beam_size=4))
     served = loaded.translate(tf.constant(sentences[:1]))
-    assert served["translation"].numpy().tolist() == tokenizer.detokenize(expected.tokens).numpy().tolist()
+    assert served["translation"].numpy().tolist() == tokenizer.target.detokenize(expected.tokens).numpy().tolist()
     np.testing.assert_allclose(served["score"], expected.scores, rtol=1e-4)
 
     # A table of another vocabulary is refused by its flag, file and line.

@@ -6,7 +6,7 @@ from keras_transformer import EOS_ID
 
 def test_encode_source_cuts_ends_with_eos_and_pads(synthetic_tokenizer):
     sentences = ["The dog helps the man.", "Yesterday the small dog saw the red car in the park.", ""]
-    pieces = [list(row) for row in synthetic_tokenizer.tokenize(tf.constant(sentences)).to_list()]
+    pieces = [list(row) for row in synthetic_tokenizer.source.tokenize(tf.constant(sentences)).to_list()]
     assert len(pieces[1]) > 6 and pieces[2] == []
 
     uncut = synthetic_tokenizer.encode_source(tf.constant(sentences)).to_list()

@@ -17,7 +17,7 @@ from training.train import parse_args
 
 
 def _small_config(tokenizer, dropout=0.0):
-    return TransformerConfig.tiny(tokenizer.vocab_size, d_model=64, d_ff=128, dropout=dropout, max_length=24)
+    return TransformerConfig.tiny(tokenizer.target.vocab_size, d_model=64, d_ff=128, dropout=dropout, max_length=24)
 
 
 def _trainer(config, strategy=None, weights=None, warmup_steps=40, scale=1.0, label_smoothing=0.1, optimizer=paper_optimizer,
@@ -84,7 +84,7 @@ def test_the_schedule_counts_updates_not_batches(tmp_path):
 @pytest.mark.slow
 def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer, tokenize):
     def tokens(text):
-        return len(synthetic_tokenizer.tokenize(text))
+        return len(synthetic_tokenizer.source.tokenize(text))
 
     # Eight pairs of one bucket (length 8): every batch holds each of them twice.
     pairs = [p for p in synthetic_corpus.text_pairs("train", 400) if tokens(p[0]) < 8 and tokens(p[1]) < 8][:8]
@@ -97,10 +97,10 @@ def test_a_tiny_model_overfits_8_pairs(synthetic_corpus, synthetic_tokenizer, to
     loss, _, _ = trainer.train_steps(iterator, tf.constant(300))
     assert float(loss) < 0.1 * float(first_loss)
 
-    sources = [list(ids) + [3] for ids in synthetic_tokenizer.tokenize(tf.constant([p[0] for p in pairs])).to_list()]
+    sources = [list(ids) + [3] for ids in synthetic_tokenizer.source.tokenize(tf.constant([p[0] for p in pairs])).to_list()]
     source_ids = tf.ragged.constant(sources).to_tensor()
     result = greedy_search(trainer.model, source_ids, max_length_b=10)
-    translations = [t.decode() for t in synthetic_tokenizer.detokenize(result.tokens).numpy()]
+    translations = [t.decode() for t in synthetic_tokenizer.target.detokenize(result.tokens).numpy()]
     assert translations == [p[1] for p in pairs]
 
 
@@ -355,7 +355,7 @@ def test_a_run_of_one_corpus_samples_tokenizes_and_batches_as_it_always_has(tmp_
         first = [batch for _, batch in zip(range(DIGESTED_BATCHES), batches)]
     finally:
         tokenized.close()
-    pieces = setup.tokenizer.sentencepiece.id_to_string(tf.range(setup.tokenizer.vocab_size)).numpy()
+    pieces = [piece.encode() for piece in setup.tokenizer.target.piece_list()]
     digests = {
         "sample": digest(["\n".join(f"{source}\t{target}" for source, target in setup.text.sample()).encode()]),
         "pieces": digest([b"\n".join(pieces)]),

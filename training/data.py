@@ -234,7 +234,7 @@ def bucket_schedule(text, tokenizer, *, batch_tokens, max_length, num_shares):
         pairs = [pair for shard in picked for pair in text.pairs(shard).take(SCHEDULE_PAIRS_PER_SHARD)]
         sources, targets = zip(*pairs)
         source_lengths = tokenizer.encode_source(tf.stack(sources)).row_lengths().numpy()
-        target_lengths = tokenizer.tokenize(tf.stack(targets)).row_lengths().numpy() + 1
+        target_lengths = tokenizer.target.tokenize(tf.stack(targets)).row_lengths().numpy() + 1
         keys = [max(s, t) for s, t in zip(source_lengths, target_lengths)]
         counts.append([sum(1 for key in keys if low < key <= high) for low, high in zip([0, *lengths], lengths)])
     # Rare buckets join the next larger one; a rare last bucket takes in the ones below it.

@@ -53,7 +53,7 @@ def make_translator(model, tokenizer, settings=DecodingSettings(), *, batch_size
             for slot, i in enumerate(rows):
                 batch[slot, : len(ids[i])] = ids[i]
             tokens, batch_scores = (keras.ops.convert_to_numpy(x) for x in search(batch))
-            texts = tokenizer.detokenize(tokens).numpy()
+            texts = tokenizer.target.detokenize(tokens).numpy()
             for slot, i in enumerate(rows):
                 translations[i] = texts[slot].decode("utf-8")
                 scores[i] = float(batch_scores[slot])
@@ -203,7 +203,7 @@ def main(argv=None):
             tokenizer,
             corpora,
             args.split,
-            decoding_settings(args, tokenizer),
+            decoding_settings(args, tokenizer.target),
             tagged=bool(languages.languages(tokenizer)),
             limit=args.limit,
             output_paths={pair: run.translations_path(args.split, pair) for pair in corpora},

@@ -6,7 +6,10 @@ what only writes local files (Keras' HDF5 weights, NumPy's .npz) is written loca
     DIR/training.json        the settings of each segment of the run (each time training.train
                              ran on the folder): when it started, at which step, with which
                              flags and Keras backend (training/flags.py)
-    DIR/tokenizer.model      the SentencePiece model
+    DIR/tokenizer.model      the SentencePiece model (of the source, where each side has its own)
+    DIR/target_tokenizer.model   the target's SentencePiece model, where each side has its own
+    DIR/pieces.json          of an imported model (training/marian.py): {"source": [the piece of
+                             each of the model's ids], "target": [...]} (training/tokenizer.py)
     DIR/data/text/           a folder's training files cut into shards, and the tokenizer's
                              sample (training/cut.py; TFDS and synthetic corpora need none);
                              for a run of several pairs, in data/text/SRC-TGT/, one for each
@@ -39,7 +42,6 @@ A checkpoint's file or folder is named `checkpoint_name(step)`; `step_of` reads 
 
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -52,7 +54,7 @@ import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
 from training import files, flags, languages
-from training.tokenizer import Tokenizer
+from training.tokenizer import Tokenizer, Vocabulary
 
 
 class RunFolder:
@@ -60,7 +62,9 @@ class RunFolder:
         self.path = path
         self.config_path = os.path.join(path, "config.json")
         self.settings_path = os.path.join(path, "training.json")
-        self.tokenizer_path = os.path.join(path, "tokenizer.model")
+        self.tokenizer_path = os.path.join(path, "tokenizer.model")  # written last of the tokenizer's files
+        self.target_tokenizer_path = os.path.join(path, "target_tokenizer.model")
+        self.pieces_path = os.path.join(path, "pieces.json")
         self.checkpoint_dir = os.path.join(path, "checkpoints")
         self.text_dir = os.path.join(path, "data", "text")
         self.averaged_dir = os.path.join(path, "averaged")
@@ -119,6 +123,10 @@ class RunFolder:
         if not tf.io.gfile.exists(self.settings_path):
             return []
         old_settings = self.settings()
+        if old_settings.get("imported_from"):
+            raise ValueError(f"{self.path} holds a model imported from {old_settings['imported_from']} "
+                             "(training.import_marian), with no training state to resume: fine-tune it into a new "
+                             f"--run-dir with --init-from {self.path}.")  # fmt: skip
         trained_by = old_settings["backend"]
         if trained_by != settings["backend"]:
             raise ValueError(
@@ -154,9 +162,25 @@ class RunFolder:
         self.write_json(self.settings_path, {"segments": [*segments, {"started": started, "step": step, "settings": settings}]})
 
     def load_tokenizer(self):
+        """The run's `Tokenizer`: one SentencePiece model, or one a side (with their pieces, if any)."""
         if not tf.io.gfile.exists(self.tokenizer_path):
             raise ValueError(f"{self.tokenizer_path} does not exist: is {self.path} a run folder of training.train?")
-        return Tokenizer.load(self.tokenizer_path)
+        pieces = self._read_json(self.pieces_path) if tf.io.gfile.exists(self.pieces_path) else {}
+        source = Vocabulary.load(self.tokenizer_path, pieces.get("source"))
+        if not tf.io.gfile.exists(self.target_tokenizer_path):
+            return Tokenizer(source)
+        return Tokenizer(source, Vocabulary.load(self.target_tokenizer_path, pieces.get("target")))
+
+    def save_tokenizer(self, tokenizer):
+        """Writes `tokenizer`'s files (`load_tokenizer`), each aside and renamed into place,
+        `tokenizer_path` last: where it exists, so do the others."""
+        tf.io.gfile.makedirs(self.path)
+        sides = [tokenizer.source] if tokenizer.shared else [tokenizer.source, tokenizer.target]
+        if any(side.mapped_pieces is not None for side in sides):
+            self.write_json(self.pieces_path, {name: side.mapped_pieces for name, side in zip(("source", "target"), sides)})
+        for side, path in reversed(list(zip(sides, (self.tokenizer_path, self.target_tokenizer_path)))):
+            side.save(files.aside(path))
+            tf.io.gfile.rename(files.aside(path), path, overwrite=True)
 
     def pairs(self):
         """The run's directions, ((source, target), ...): its first, the default, and the others."""
@@ -199,8 +223,7 @@ class RunFolder:
 
     def tokenized_dir(self, tokenizer):
         """Where the training split tokenized by `tokenizer` is kept (`tokenized.TokenizedShards`)."""
-        digest = hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]
-        return os.path.join(self.path, "data", f"tokenized-{digest}")
+        return os.path.join(self.path, "data", f"tokenized-{tokenizer.digest()[:16]}")
 
     def averaged(self):
         """(path, the steps it averages) of the averaged checkpoint, or None."""

@@ -106,7 +106,7 @@ class TokenizedShards:
         staging = staging_path(self.path(shard))
         tokenizer = self.tokenizer
         batches = self.text.pairs(shard).batch(_TOKENIZE_BATCH).map(
-            lambda sources, targets: (tokenizer.encode_source(sources), tokenizer.tokenize(targets)),
+            lambda sources, targets: (tokenizer.encode_source(sources), tokenizer.target.tokenize(targets)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
         pairs = 0

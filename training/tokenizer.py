@@ -1,11 +1,17 @@
-"""One SentencePiece model shared by source and target (section 3.4 shares the vocabulary),
-trained with `sentencepiece` and applied in-graph with `tensorflow_text`, so that the
-tf.data pipeline and the exported SavedModel tokenize the same way.
+"""Text <-> ids with SentencePiece (section 3.4), trained with `sentencepiece` and applied in-graph
+with `tensorflow_text`, so that the tf.data pipeline and the exported SavedModel tokenize the
+same way.
+
+    Vocabulary   one language side: a SentencePiece model, and for an imported model the pieces
+                 of the model's vocabulary, which map the model's pieces to its ids
+    Tokenizer    a run's two sides, `source` and `target`: one Vocabulary for both where the
+                 vocabulary is shared (the paper's), two where each side has its own
 
 Fixed ids: 0 padding, 1 unknown, 2 begin-of-sentence, 3 end-of-sentence (keras_transformer's
 PAD_ID, UNK_ID, BOS_ID, EOS_ID).
 """
 
+import hashlib
 import io
 
 import sentencepiece
@@ -41,41 +47,73 @@ def train_sentencepiece(sentences, vocab_size, model_type="bpe", symbols=()):
     return model.getvalue()
 
 
-class Tokenizer(tf.Module):
-    """Text <-> ids with one SentencePiece model, as TensorFlow ops.
+class Vocabulary(tf.Module):
+    """One side's text <-> ids, as TensorFlow ops.
 
     In eager mode, `tf.random.set_seed` (and so `keras.utils.set_random_seed`) clears the
-    kernel that owns the SentencePiece resource: set seeds before making a Tokenizer.
+    kernel that owns the SentencePiece resource: set seeds before making a Vocabulary.
 
     Args:
         model_proto: the serialized SentencePiece model (bytes).
+        pieces: None where the model's ids are SentencePiece's (a model of `train_sentencepiece`);
+            else the piece of each of the model's ids (an imported model: training/marian.py),
+            through which text and ids are mapped in the graph as Marian reads and writes them:
+            text is cut into SentencePiece's pieces (an unknown one as its own text), each the
+            id of its piece in `pieces` (none: unknown, 1); ids are written as their pieces,
+            which SentencePiece joins into text (one it lacks as its unknown, where Marian
+            writes the piece's own text: `tensorflow_text` joins ids, not pieces).
     """
 
-    def __init__(self, model_proto):
+    def __init__(self, model_proto, pieces=None):
         super().__init__()
         self.model_proto = model_proto
-        self.sentencepiece = tensorflow_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
+        out_type = tf.int32 if pieces is None else tf.string
+        # Named by its model: a SavedModel's loader makes each model's resource under its op's name,
+        # so two models of one name (a source's and a target's) would both read the first.
+        name = f"sentencepiece_{hashlib.sha256(model_proto).hexdigest()[:16]}"
+        self.sentencepiece = tensorflow_text.SentencepieceTokenizer(model=model_proto, out_type=out_type, name=name)
+        self.mapped_pieces = None if pieces is None else list(pieces)
+        if pieces is not None:
+            first = {}  # a piece twice in the vocabulary is read as its first id, as Marian reads it
+            for i, piece in enumerate(pieces):
+                if i not in (PAD_ID, BOS_ID):  # rows of our layout, never a piece of the text
+                    first.setdefault(piece, i)
+            initializer = tf.lookup.KeyValueTensorInitializer(tf.constant(list(first)), tf.constant(list(first.values())))
+            self._ids_of_pieces = tf.lookup.StaticHashTable(initializer, default_value=UNK_ID)
+            self._pieces_of_ids = tf.constant(self.mapped_pieces)
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path, pieces=None):
         with tf.io.gfile.GFile(path, "rb") as f:
-            return cls(f.read())
+            return cls(f.read(), pieces)
 
     def save(self, path):
+        """Writes the SentencePiece model (`pieces`, if any, are the run folder's to write)."""
         with tf.io.gfile.GFile(path, "wb") as f:
             f.write(self.model_proto)
 
     @property
     def vocab_size(self):
-        return int(self.sentencepiece.vocab_size())
+        return len(self.mapped_pieces) if self.mapped_pieces is not None else int(self.sentencepiece.vocab_size())
+
+    def piece_list(self):
+        """The piece of each id, in id order (Python strings)."""
+        if self.mapped_pieces is not None:
+            return list(self.mapped_pieces)
+        return [piece.decode() for piece in self.sentencepiece.id_to_string(tf.range(self.vocab_size)).numpy()]
 
     def tokenize(self, text):
         """String tensor `[batch]` (or a scalar) -> ragged int32 ids `[batch, None]` (or `[None]`)."""
-        return self.sentencepiece.tokenize(text)
+        tokens = self.sentencepiece.tokenize(text)  # ids, or pieces for a vocabulary of `pieces`
+        if self.mapped_pieces is None:
+            return tokens
+        if isinstance(tokens, tf.RaggedTensor):
+            return tf.ragged.map_flat_values(self._ids_of_pieces.lookup, tokens)
+        return self._ids_of_pieces.lookup(tokens)
 
-    def encode_source(self, text, max_length=None):
-        """Source text -> the ids the model reads: the pieces, cut to leave room for the
-        end-of-sentence id within `max_length` tokens (no cut if None), then that id.
+    def encode(self, text, max_length=None):
+        """Text -> its pieces, cut to leave room for the end-of-sentence id within `max_length`
+        tokens (no cut if None), then that id.
 
         A string tensor `[batch]` gives ragged int32 `[batch, None]` (`.to_tensor()` pads with 0);
         a scalar gives `[None]`. Training, evaluation and the exported model all encode so.
@@ -88,11 +126,51 @@ class Tokenizer(tf.Module):
         return tf.concat([ids, [EOS_ID]], axis=0)
 
     def pieces(self, ids):
-        """Int ids (any shape) -> their SentencePiece pieces as strings, "" for padding (0)."""
-        return tf.where(ids == PAD_ID, "", self.sentencepiece.id_to_string(ids))
+        """Int ids (any shape) -> their pieces as strings, "" for padding (0)."""
+        pieces = self.sentencepiece.id_to_string(ids) if self.mapped_pieces is None else tf.gather(self._pieces_of_ids, ids)
+        return tf.where(ids == PAD_ID, "", pieces)
 
     def detokenize(self, ids):
         """Int ids `[batch, length]` padded with 0 (or ragged) -> strings `[batch]`."""
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.RaggedTensor.from_tensor(ids, padding=PAD_ID)
+        if self.mapped_pieces is not None:  # SentencePiece's ids of their pieces
+            ids = tf.ragged.map_flat_values(lambda values: self.sentencepiece.string_to_id(tf.gather(self._pieces_of_ids, values)), ids)
         return self.sentencepiece.detokenize(ids)
+
+    def digest(self):
+        """A hash of what decides the ids: the model, and the pieces if any."""
+        hashed = hashlib.sha256(self.model_proto)
+        if self.mapped_pieces is not None:
+            hashed.update("\n".join(self.mapped_pieces).encode())
+        return hashed.hexdigest()
+
+
+class Tokenizer(tf.Module):
+    """A run's text <-> ids: `source` and `target`, each a `Vocabulary`, one object for both
+    where the vocabulary is shared (section 3.4).
+
+    Args:
+        source: the source's `Vocabulary`, or a serialized SentencePiece model (bytes).
+        target: the target's, as `source`; None: the source's (a shared vocabulary).
+    """
+
+    def __init__(self, source, target=None):
+        super().__init__()
+        self.source = source if isinstance(source, Vocabulary) else Vocabulary(source)
+        self.target = self.source if target is None else target if isinstance(target, Vocabulary) else Vocabulary(target)
+
+    @property
+    def shared(self):
+        return self.target is self.source
+
+    def encode_source(self, text, max_length=None):
+        """Source text -> the ids the model reads (`Vocabulary.encode`)."""
+        return self.source.encode(text, max_length)
+
+    def digest(self):
+        """A hash of both sides (`Vocabulary.digest`; of the one, for a shared vocabulary): equal
+        for tokenizers that give the same ids."""
+        if self.shared:
+            return self.source.digest()
+        return hashlib.sha256(f"{self.source.digest()} {self.target.digest()}".encode()).hexdigest()

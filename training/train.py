@@ -80,16 +80,9 @@ def get_tokenizer(run, text, vocab_size, is_chief, symbols=()):
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
         tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size, symbols=symbols))
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
-        _write_tokenizer(run, tokenizer)
+        run.save_tokenizer(tokenizer)
         return tokenizer
     return run.load_tokenizer()
-
-
-def _write_tokenizer(run, tokenizer):
-    """Writes the run's tokenizer aside and renames it into place: a crash leaves none or all of it."""
-    tf.io.gfile.makedirs(run.path)
-    tokenizer.save(files.aside(run.tokenizer_path))
-    tf.io.gfile.rename(files.aside(run.tokenizer_path), run.tokenizer_path, overwrite=True)
 
 
 def initial_checkpoint(spec, run, is_chief, pairs):
@@ -106,10 +99,10 @@ def initial_checkpoint(spec, run, is_chief, pairs):
     tokenizer = source.load_tokenizer()
     languages.tagging(pairs, tokenizer, source.tokenizer_path)
     if tf.io.gfile.exists(run.tokenizer_path):
-        if Tokenizer.load(run.tokenizer_path).model_proto != tokenizer.model_proto:
+        if run.load_tokenizer().digest() != tokenizer.digest():
             raise ValueError(f"--init-from {spec}: {run.tokenizer_path} is not the tokenizer of {path}; use a new --run-dir.")
     elif is_chief:
-        _write_tokenizer(run, tokenizer)
+        run.save_tokenizer(tokenizer)
     metrics = source.metrics()
     of_checkpoint = {key: value for key, value in metrics.items() if "bleu" in key or "chrf" in key} \
         if metrics.get("checkpoint") == checkpoint else {}  # fmt: skip
@@ -216,7 +209,7 @@ def _set_up(args, run, backend):
         text = training_split(tagged=True)
     overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
-    config = TransformerConfig.preset(args.config, tokenizer.vocab_size, **overrides)
+    config = TransformerConfig.preset(args.config, tokenizer.target.vocab_size, **overrides)
     settings = {name: getattr(args, name) for name in vars(args)}
     settings.update(dataset=args.dataset, source_lang=pairs[0][0], target_lang=pairs[0][1], processes=backend.num_processes,
                     pairs=",".join(map(languages.pair_name, pairs)))  # fmt: skip

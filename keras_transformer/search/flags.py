@@ -30,7 +30,7 @@ def needs_tokenizer(args):
 
 def decoding_settings(args, tokenizer=None, **more):
     """The `DecodingSettings` of `add_decoding_flags`' flags (token sequences cut into pieces by
-    `tokenizer`, which `needs_tokenizer` says they need), and `more` fields."""
+    `tokenizer`, the target side's, which `needs_tokenizer` says they need), and `more` fields."""
     values = {}
     for option in OPTIONS:
         try:
