@@ -137,6 +137,9 @@ FLAGS = (
     _model("logits_bias", bool, "bias on the output logits: none in the paper, a trained one in Marian"),
     # The tokenizer and the batches.
     Flag("vocab_size", int, PRESET, "SentencePiece vocabulary, an upper bound (paper: 37000)", POSITIVE, REFUSED),
+    Flag("separate_vocabularies", bool, help="a SentencePiece model for each side (each of --vocab-size pieces at most) "
+         "and a source embedding of its own; the paper shares one vocabulary (section 3.4)", resume=REFUSED,
+         recorded=False),  # fmt: skip
     Flag("tokenizer_sample", int, TOKENIZER_SAMPLE, "training pairs SentencePiece learns from, drawn uniformly from "
          "the whole split", POSITIVE, REFUSED),  # fmt: skip
     Flag("max_length", int, PRESET, "longest sentence in tokens; longer training pairs are dropped", POSITIVE),

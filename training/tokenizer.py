@@ -162,7 +162,14 @@ class Tokenizer(tf.Module):
 
     @property
     def shared(self):
+        """Whether both sides are one SentencePiece model."""
         return self.target is self.source
+
+    @property
+    def one_vocabulary(self):
+        """Whether both sides have the same piece at each id, so that one embedding serves both
+        (an imported model of one vocabulary has two SentencePiece models but one vocabulary)."""
+        return self.shared or self.source.piece_list() == self.target.piece_list()
 
     def encode_source(self, text, max_length=None):
         """Source text -> the ids the model reads (`Vocabulary.encode`)."""

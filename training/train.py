@@ -67,10 +67,11 @@ def parse_args(argv=None):
     return args
 
 
-def get_tokenizer(run, text, vocab_size, is_chief, symbols=()):
+def get_tokenizer(run, text, vocab_size, is_chief, symbols=(), separate=False):
     """The run's tokenizer: loaded if the run folder has one, else trained on the sample of the
     training split that `text` (`shards.TextShards`) drew, with `symbols` (the tags of several
-    target languages) one piece each (by the chief, which the other processes wait for)."""
+    target languages, which sources begin with) one piece each (by the chief, which the other
+    processes wait for): one SentencePiece model of both sides, or with `separate` one a side."""
     if not is_chief:
         files.wait_for(run.tokenizer_path, "process 0 to train the tokenizer")
     if not tf.io.gfile.exists(run.tokenizer_path):
@@ -78,7 +79,12 @@ def get_tokenizer(run, text, vocab_size, is_chief, symbols=()):
         pairs = text.sample()
         print(f"Training a SentencePiece tokenizer ({vocab_size:,} pieces at most) on {len(pairs):,} pairs sampled "
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
-        tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size, symbols=symbols))
+        if separate:
+            tokenizer = Tokenizer(train_sentencepiece([source for source, _ in pairs], vocab_size, symbols=symbols),
+                                  train_sentencepiece([target for _, target in pairs], vocab_size))  # fmt: skip
+        else:
+            tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size,
+                                                      symbols=symbols))  # fmt: skip
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
         run.save_tokenizer(tokenizer)
         return tokenizer
@@ -203,12 +209,15 @@ def _set_up(args, run, backend):
                                         shares=backend.num_processes)  # fmt: skip
 
     text = training_split(tagged=len(pairs) > 1)  # a new tokenizer's sample
-    tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief, symbols=languages.tags(pairs))
+    tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief, symbols=languages.tags(pairs),
+                              separate=args.separate_vocabularies)  # fmt: skip
     tagged = languages.tagging(pairs, tokenizer, run.tokenizer_path)
     if tagged and len(pairs) == 1:  # one pair of a run of several (--init-from): its sources tagged as they learned
         text = training_split(tagged=True)
     overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
     overrides["max_length"] = args.max_length
+    if not tokenizer.one_vocabulary:  # --separate-vocabularies, or a run of them (--init-from)
+        overrides["source_vocab_size"] = tokenizer.source.vocab_size
     config = TransformerConfig.preset(args.config, tokenizer.target.vocab_size, **overrides)
     settings = {name: getattr(args, name) for name in vars(args)}
     settings.update(dataset=args.dataset, source_lang=pairs[0][0], target_lang=pairs[0][1], processes=backend.num_processes,
