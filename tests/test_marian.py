@@ -7,12 +7,14 @@ that a swapped tensor shows."""
 
 import io
 import json
+import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
 
+from conftest import SAVED_MODEL_CLI, assert_stock_cpu_graph, warmup_requests
 from export import ctranslate2 as conversion
 from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
 from keras_transformer.search import decode
@@ -418,7 +420,8 @@ def test_an_imported_model_exported_translates_and_scores_text_as_ctranslate2s_c
     import_marian.main([str(tmp_path / "opus"), "--run-dir", run_dir, "--dataset", str(corpus), "--source-lang", "en",
                         "--target-lang", "de"])  # fmt: skip
     greedy = DecodingSettings(beam_size=1, alpha=0.0, max_length_a=0.0, max_length_b=MAX_LENGTH, min_length=1)
-    served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports"), greedy))
+    export_dir = export(run_dir, str(tmp_path / "exports"), greedy)
+    served = tf.saved_model.load(export_dir)
     sources = [source for source, _ in pairs[:8]] + ["the Zebra 7 walks"]
     aligned = served.signatures["alignments"](text=tf.constant(sources))
     translations = [t.decode() for t in served.signatures["serving_default"](text=tf.constant(sources))["translation"].numpy()]
@@ -439,6 +442,16 @@ def test_an_imported_model_exported_translates_and_scores_text_as_ctranslate2s_c
     scores = served.signatures["score"](text=tf.constant(sources[:8]), target=tf.constant(targets), alpha=tf.zeros([8]))["log_prob"].numpy()
     scored = translator.score_batch(source_pieces[:8], [target_spm.encode(target, out_type=str) for target in targets])
     np.testing.assert_allclose(scores, [sum(s.log_probs) for s in scored], rtol=1e-4, atol=1e-4)
+
+    # The warm-up file replays (as TF Serving does before it serves), the graph has stock ops
+    # only, and saved_model_cli's loader (the C++ loader's graph and init ops) translates alike.
+    for name, inputs in warmup_requests(export_dir):
+        served.signatures[name](**inputs)
+    assert_stock_cpu_graph(export_dir)
+    ran = subprocess.run([*SAVED_MODEL_CLI, "run", "--dir", export_dir, "--tag_set", "serve", "--signature_def",
+                          "serving_default", "--input_exprs", f"text={json.dumps(sources[-1:])}"],
+                         check=True, capture_output=True, text=True, timeout=300).stdout  # fmt: skip
+    assert f"Result for output key translation:\n[{translations[-1].encode()!r}]" in ran
 
     evaluate.main(["--run-dir", run_dir, "--no-xla", "--beam-size", "1", "--alpha", "0", "--max-length-a", "0",
                    "--max-length-b", str(MAX_LENGTH), "--min-length", "1"])  # fmt: skip
