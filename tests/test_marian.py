@@ -92,10 +92,12 @@ def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_lay
     return folder / "model.npz", folder / names[1]
 
 
-def write_hugging_face_model(folder, marian_folder):
+def write_hugging_face_model(folder, marian_folder, source_pieces=None):
     """The Marian model in `marian_folder` in Hugging Face's form, as its conversion writes it:
     config.json, model.safetensors (torch's Linear weights `[out, in]`; one shared embedding with
-    a zero row for <pad>, the last id, which starts the decoder) and vocab.json."""
+    a zero row for <pad>, the last id, which starts the decoder) and vocab.json; for a model of
+    two vocabularies (`source_pieces`, as many as PIECES), the encoder's and the decoder's
+    embeddings, and vocab.json of the source's pieces and target_vocab.json of the target's."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -103,8 +105,16 @@ def write_hugging_face_model(folder, marian_folder):
         weights = {name: npz[name] for name in npz.files}
     options = yaml.safe_load(weights.pop("special:model.yml").tobytes().rstrip(b"\0"))
     vocab = len(PIECES)
-    tensors = {"model.shared.weight": np.concatenate([weights["Wemb"], np.zeros((1, D_MODEL), np.float32)]),
-               "final_logits_bias": np.pad(weights["decoder_ff_logit_out_b"], ((0, 0), (0, 1)))}
+
+    def padded(embedding):
+        return np.concatenate([embedding, np.zeros((1, D_MODEL), np.float32)])
+
+    tensors = {"final_logits_bias": np.pad(weights["decoder_ff_logit_out_b"], ((0, 0), (0, 1)))}
+    if source_pieces is None:
+        tensors["model.shared.weight"] = padded(weights["Wemb"])
+    else:
+        tensors["model.encoder.embed_tokens.weight"] = padded(weights["encoder_Wemb"])
+        tensors["model.decoder.embed_tokens.weight"] = tensors["lm_head.weight"] = padded(weights["decoder_Wemb"])
     for stack, count in (("encoder", options["enc-depth"]), ("decoder", options["dec-depth"])):
         for i in range(count):
             marian_scope, theirs = f"{stack}_l{i + 1}", f"model.{stack}.layers.{i}"
@@ -129,10 +139,12 @@ def write_hugging_face_model(folder, marian_folder):
               "activation_function": options["transformer-ffn-activation"],
               "vocab_size": vocab + 1, "pad_token_id": vocab, "eos_token_id": 0, "decoder_start_token_id": vocab,
               "max_position_embeddings": 512, "scale_embedding": True, "normalize_before": False,
-              "share_encoder_decoder_embeddings": True, "dropout": 0.1, "attention_dropout": 0.0,
-              "activation_dropout": 0.0}  # fmt: skip
+              "share_encoder_decoder_embeddings": source_pieces is None, "decoder_vocab_size": vocab + 1,
+              "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "vocab.json").write_text(json.dumps({**{p: i for i, p in enumerate(PIECES)}, "<pad>": vocab}))
+    names = {"vocab.json": PIECES} if source_pieces is None else {"vocab.json": source_pieces, "target_vocab.json": PIECES}
+    for name, pieces in names.items():
+        (folder / name).write_text(json.dumps({**{p: i for i, p in enumerate(pieces)}, "<pad>": vocab}))
     return folder
 
 
@@ -269,13 +281,19 @@ def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(
     assert [r.hypotheses[0] for r in ours] == outputs
 
 
-@pytest.mark.parametrize("activation", ["swish", "relu"])
-def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activation):
-    write_marian_model(tmp_path / "marian", activation, 1, 2)
-    write_hugging_face_model(tmp_path / "hugging-face", tmp_path / "marian")
+# Hugging Face's conversion of a model of two vocabularies asks for them of one size.
+SOURCE_PIECES_OF_TARGETS_SIZE = [*SOURCE_PIECES, "▁grand", "▁bleu", "▁vert", "▁noir", "▁blanc"]
+
+
+@pytest.mark.parametrize("activation, separate", [("swish", False), ("relu", False), ("swish", True)])
+def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activation, separate):
+    source_pieces = SOURCE_PIECES_OF_TARGETS_SIZE if separate else None
+    write_marian_model(tmp_path / "marian", activation, 1, 2, separate=separate, source_pieces=source_pieces)
+    write_hugging_face_model(tmp_path / "hugging-face", tmp_path / "marian", source_pieces)
     (one, *one_vocabulary), (other, *other_vocabulary) = (
         marian.load_marian(tmp_path / form) for form in ("marian", "hugging-face"))  # fmt: skip
     assert one.config == other.config and one_vocabulary == other_vocabulary
+    assert (one.config.source_vocab_size is not None) == separate and (one_vocabulary[0] != one_vocabulary[1]) == separate
     for variable, same in zip(one.weights, other.weights, strict=True):
         np.testing.assert_array_equal(variable.numpy(), same.numpy(), err_msg=variable.path)
 
@@ -289,6 +307,13 @@ def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(t
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "bart"}))
     with pytest.raises(ValueError, match=f"{folder / 'config.json'}: model_type 'bart': only marian can be imported"):
+        marian.load_marian(folder)
+    (folder / "pytorch_model.bin").rename(folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))  # an output matrix of its own
+    with pytest.raises(ValueError, match=f"{folder / 'config.json'}: tie_word_embeddings False; only True can be imported"):
+        marian.load_marian(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "share_encoder_decoder_embeddings": False}))
+    with pytest.raises(ValueError, match=f"{folder / 'target_vocab.json'} does not exist"):
         marian.load_marian(folder)
 
 
