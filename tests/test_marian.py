@@ -5,6 +5,7 @@ weights against each other. No trained model can be downloaded here, so each tes
 Marian model of random weights, with LayerNorms and biases far from their initial 1 and 0, so
 that a swapped tensor shows."""
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -484,3 +485,19 @@ def test_an_imported_model_exported_translates_and_scores_text_as_ctranslate2s_c
     expected = served.signatures["serving_default"](text=tf.constant(test_sources))["translation"].numpy()
     assert (tmp_path / "run" / "translations.test.txt").read_text().splitlines() == [t.decode() for t in expected]
     assert "bleu" in json.loads((tmp_path / "run" / "metrics.json").read_text())
+
+    # Fine-tuned (--init-from, no model flag): the imported model and tokenizer at step 0, trained on.
+    from training.run_folder import RunFolder
+    from training.train import parse_args, train
+
+    tuned = RunFolder(str(tmp_path / "tuned"))
+    train(parse_args(["--run-dir", tuned.path, "--init-from", run_dir, "--dataset", str(corpus), "--source-lang", "en",
+                      "--target-lang", "de", "--steps", "2", "--checkpoint-every", "2", "--steps-per-call", "1",
+                      "--batch-tokens", "256", "--max-length", "32", "--dropout", "0", "--no-evaluate", "--no-xla",
+                      "--strategy", "cpu"]))  # fmt: skip
+    imported, _ = RunFolder(run_dir).load_model()
+    assert tuned.config() == dataclasses.replace(imported.config, max_length=32, dropout=0.0)
+    assert tuned.load_tokenizer().digest() == RunFolder(run_dir).load_tokenizer().digest()
+    for step, same in (("0", True), ("2", False)):
+        weights = tuned.load_model(step)[0].weights
+        assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(weights, imported.weights)) == same

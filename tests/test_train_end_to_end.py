@@ -340,7 +340,7 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
 
     from keras_transformer import Transformer, TransformerConfig
     from training.schedule import TransformerSchedule, paper_optimizer
-    from training.train import check_same_model, initial_checkpoint, parse_args, train
+    from training.train import fine_tuned_config, initial_checkpoint, parse_args, train
 
     source = RunFolder(artifacts.tf_run)
     assert source.checkpoint("140").endswith("ckpt-140") and source.checkpoint("latest").endswith("ckpt-160")
@@ -379,15 +379,18 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
     tuned, _ = run.load_model("4")
     assert not np.allclose(tuned.weights[0].numpy(), start.weights[0].numpy())  # it trained on
 
-    # Another model, or a run folder with another tokenizer, is refused with what differs; another
-    # max_length only where positions are learned weights.
-    check_same_model(TransformerConfig.tiny(100), TransformerConfig.tiny(100, max_length=32), "x")
+    # The model is the source's, with this command's dropout and, where positions are sinusoids,
+    # max_length; model flags that differ from it, or a run folder with another tokenizer, are
+    # refused with what differs.
+    source_config = TransformerConfig.tiny(100, d_ff=96)
+    tuned = fine_tuned_config(source_config, TransformerConfig.tiny(100, d_model=64, dropout=0.3, max_length=32), {}, "x")
+    assert tuned == TransformerConfig.tiny(100, d_ff=96, dropout=0.3, max_length=32)
     learned = lambda length: TransformerConfig.tiny(100, positional_encoding="learned", max_length=length)  # noqa: E731
-    with pytest.raises(ValueError, match=r"differs from this one \(max_length: 24 there, 32 here\)"):
-        check_same_model(learned(24), learned(32), "x")
-    with pytest.raises(ValueError, match=r"differs from this one \(decoder_layers: 2 there, 1 here\)"):
-        check_same_model(TransformerConfig.tiny(100), TransformerConfig.tiny(100, decoder_layers=1), "x")
-    with pytest.raises(ValueError, match=r"its model differs from this one \(d_model: 128 there, 32 here\)"):
+    with pytest.raises(ValueError, match=r"differs from the flags here \(max_length: 24 there, 32 here\)"):
+        fine_tuned_config(learned(24), learned(32), {}, "x")
+    with pytest.raises(ValueError, match=r"differs from the flags here \(decoder_layers: 2 there, 1 here\)"):
+        fine_tuned_config(source_config, source_config, {"num_layers": 2, "decoder_layers": 1}, "x")
+    with pytest.raises(ValueError, match=r"its model differs from the flags here \(d_model: 128 there, 32 here\)"):
         train(parse_args(["--run-dir", str(tmp_path / "other"), *flags, "--d-model", "32", "--init-from", artifacts.tf_run]))
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "tokenizer.model").write_bytes(synthetic_sentencepiece)
