@@ -345,12 +345,13 @@ def test_a_missing_or_misshapen_tensor_is_refused_naming_the_file_and_tensor(tmp
         marian.load_marian(tmp_path)
 
 
-def write_release(folder, separate=False, seed=0):
+def write_release(folder, separate=False, seed=0, tags=()):
     """An OPUS-MT release folder as `write_marian_model`'s, with the SentencePiece models of
     OPUS-MT's layout (SentencePiece's own ids: <unk> 0, <s> 1, </s> 2) learned on synthetic
     pairs, source.spm and target.spm, and a vocabulary of their pieces as marian-vocab makes it
     (one of both sides' pieces, or one each with `separate`), with pieces that neither model has
-    (PLAIN). Returns (the pairs, the SentencePiece processors of the source and the target)."""
+    (PLAIN), and with `tags` (languages) the pieces of a multi-target model, `>>fra<<`. Returns
+    (the pairs, the SentencePiece processors of the source and the target)."""
     import sentencepiece
 
     from training.synthetic import generate_splits
@@ -368,7 +369,7 @@ def write_release(folder, separate=False, seed=0):
     def vocabulary(*chosen):
         found = dict.fromkeys(p.id_to_piece(i) for p in chosen for i in range(p.get_piece_size()) if not
                               (p.is_control(i) or p.is_unknown(i)))  # fmt: skip
-        return ["</s>", "<unk>", *found, *sorted(PLAIN)]
+        return ["</s>", "<unk>", *found, *sorted(PLAIN), *(f">>{tag}<<" for tag in tags)]
 
     if separate:
         write_marian_model(folder, separate=True, seed=seed, pieces=vocabulary(processors[1]),
@@ -501,3 +502,49 @@ def test_an_imported_model_exported_translates_and_scores_text_as_ctranslate2s_c
     for step, same in (("0", True), ("2", False)):
         weights = tuned.load_model(step)[0].weights
         assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(weights, imported.weights)) == same
+
+
+@pytest.mark.slow
+def test_a_multi_target_model_serves_each_language_by_its_tag_as_ctranslate2s_conversion_does(tmp_path):
+    """An OPUS-MT model of several targets (its vocabulary's >>fra<< pieces) imports as a run of a
+    pair for each; a source's leading <2spa> (this project's tag) or >>spa<< (OPUS-MT's) is the
+    piece >>spa<<, and the served target_language puts it there, as CTranslate2's conversion
+    of the folder reads it."""
+    from export.serving import Translator
+    from keras_transformer.search import DecodingSettings
+    from training import import_marian, languages
+    from training.run_folder import RunFolder
+
+    pairs, (source_spm, _) = write_release(tmp_path / "opus-mt-en-mul", tags=("fra", "spa"))
+    import_marian.main([str(tmp_path / "opus-mt-en-mul"), "--run-dir", str(tmp_path / "run")])  # the model's targets
+    run = RunFolder(str(tmp_path / "run"))
+    assert run.pairs() == (("en", "fra"), ("en", "spa"))
+    tokenizer = run.load_tokenizer()
+    assert languages.languages(tokenizer) == ("fra", "spa") and run.targets() == {"fra": "<2fra> ", "spa": "<2spa> "}
+    text = pairs[0][0]
+    plain = tokenizer.encode_source(tf.constant([text])).to_list()[0]
+    spa = tokenizer.source.piece_list().index(">>spa<<")
+    for asked in (f"<2spa> {text}", f">>spa<< {text}"):
+        assert tokenizer.encode_source(tf.constant([asked, text])).to_list() == [[spa, *plain], plain]
+    assert tokenizer.encode_source(tf.constant(f"<2spa> {text}")).numpy().tolist() == [spa, *plain]
+    with pytest.raises(SystemExit, match=r"lacks <2deu>"):
+        import_marian.main([str(tmp_path / "opus-mt-en-mul"), "--run-dir", str(tmp_path / "other"), "--target-lang", "deu"])
+
+    greedy = DecodingSettings(beam_size=1, alpha=0.0, max_length_a=0.0, max_length_b=MAX_LENGTH, min_length=1)
+    translator = Translator(run.load_model()[0], tokenizer, greedy, languages=run.targets())
+    sources = [source for source, _ in pairs[:4]]
+    asked = tf.constant(["fra", "spa", "spa", "fra"])
+    aligned = translator.alignments(tf.constant(sources), target_language=asked)
+    assert [row[0] for row in aligned["source_pieces"].numpy()] == [b">>fra<<", b">>spa<<", b">>spa<<", b">>fra<<"]
+    if not conversion.available():
+        pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
+    import ctranslate2
+    from ctranslate2.converters import OpusMTConverter
+
+    OpusMTConverter(str(tmp_path / "opus-mt-en-mul")).convert(str(tmp_path / "ct2"))
+    tagged = [[f">>{language}<<", *source_spm.encode(source, out_type=str)] for source, language in
+              zip(sources, ["fra", "spa", "spa", "fra"])]  # fmt: skip
+    results = ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(
+        tagged, beam_size=1, min_decoding_length=1, max_decoding_length=MAX_LENGTH)  # fmt: skip
+    assert [[p.decode() for p in row if p not in (b"", b"</s>")] for row in aligned["target_pieces"].numpy()] == [
+        result.hypotheses[0] for result in results]  # fmt: skip
