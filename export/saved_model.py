@@ -197,6 +197,7 @@ def _shortlist(run, shortlist):
 
     from training import shortlist as lexical
 
+    lexical.check_tokenizer(run)
     path = run.shortlist_path if shortlist == "run" else shortlist
     if shortlist == "run" and not tf.io.gfile.exists(path):
         print(f"{run.path} has no shortlist yet: learning one from its training split (training/shortlist.py).", flush=True)

@@ -3,7 +3,6 @@ distribution tests, the environment of every process (artifacts.suite_environmen
 tests first; the tolerance of scores computed two ways; what the TensorFlow and the JAX checks
 of one feature share; one load of each shared export a process."""
 
-import contextlib
 import functools
 import json
 import os
@@ -24,6 +23,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.common import with_xla_flags  # noqa: E402
+from export.layout import WARMUP_REQUESTS  # noqa: E402
 from training.recipes import MECHANICS  # noqa: E402
 
 # TensorFlow's graph rewrites (grappler's folding, fusing, layout and arithmetic passes) take
@@ -278,6 +278,25 @@ def loaded_export(path):
     artifacts share it (a load takes seconds, and so does each of its functions' first call).
     A test may put it in place of `tf.saved_model.load` for the commands it calls in-process."""
     return _LOAD(path)
+
+
+# saved_model_cli (TensorFlow's console script, run by this interpreter rather than found on PATH)
+# with tensorflow-text's ops registered, as TF Serving's binary has them.
+SAVED_MODEL_CLI = [sys.executable, "-c", "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; "
+                   "sys.exit(saved_model_cli.main())"]  # fmt: skip
+
+
+def warmup_requests(export_dir):
+    """The requests of the export's warm-up file, as TF Serving replays them: [(signature name,
+    {input name: tensor})]."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    requests = []
+    for record in tf.data.TFRecordDataset(os.path.join(export_dir, WARMUP_REQUESTS)):
+        request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+        inputs = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in request.inputs.items()}
+        requests.append((request.model_spec.signature_name, inputs))
+    return requests
 
 
 def assert_stock_cpu_graph(export_dir, xla=False):

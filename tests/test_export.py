@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import SCORE_TOLERANCE, _types_of, assert_stock_cpu_graph, loaded_export
+from conftest import SAVED_MODEL_CLI, SCORE_TOLERANCE, _types_of, assert_stock_cpu_graph, loaded_export, warmup_requests
 from export.serving import PARALLEL_SEARCHES
 from export.signatures import SIGNATURE, SIGNATURES
 from keras_transformer.search import DecodingSettings
@@ -166,12 +166,6 @@ def test_every_signature_def_is_as_recorded_for_existing_clients_and_warmup_file
     served = _signature_defs(exported[4])
     assert {name: served.get(name) for name in recorded} == recorded
     assert "input beam_size: int32 [-1], default [1] [4]" in recorded["options"]  # the check reads defaults
-
-
-# saved_model_cli (TensorFlow's console script, run by this interpreter rather than found on PATH)
-# with tensorflow-text's ops registered, as TF Serving's binary has them.
-SAVED_MODEL_CLI = [sys.executable, "-c", "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; "
-                   "sys.exit(saved_model_cli.main())"]  # fmt: skip
 
 
 def test_saved_model_cli_shows_the_signature_and_runs_it(exported):
@@ -363,16 +357,9 @@ def test_server_side_batching_merges_requests_of_different_list_lengths(exported
 
 @pytest.mark.parametrize("version", [4, 1])  # the greedy export's beam_size is cut to 1
 def test_the_warmup_requests_are_prediction_logs_the_signatures_accept(exported, version):
-    from tensorflow_serving.apis import prediction_log_pb2
-
-    path = os.path.join(exported[version], "assets.extra", "tf_serving_warmup_requests")
     loaded = loaded_export(exported[version])
     requests = []
-    for record in tf.data.TFRecordDataset(path):
-        log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
-        request = log.predict_log.request
-        name = request.model_spec.signature_name
-        inputs = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in request.inputs.items()}
+    for name, inputs in warmup_requests(exported[version]):
         result = loaded.signatures[name](**inputs)
         batch = len(inputs[SIGNATURE[name].inputs[0].name])  # the first input gives the batch
         assert "text" not in inputs or all(len(t) > 0 for t in inputs["text"].numpy())

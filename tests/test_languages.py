@@ -255,7 +255,7 @@ def test_a_run_of_two_targets_resumes_records_each_pairs_dev_bleu_and_keeps_the_
 
 @pytest.mark.slow
 def test_the_served_target_language_selects_the_language_as_the_library_with_its_tag(artifacts, capsys, monkeypatch):
-    from conftest import loaded_export
+    from conftest import loaded_export, warmup_requests
     from export import translate as command
     from export.layout import read_metadata
     from export.signatures import SIGNATURES
@@ -294,16 +294,11 @@ def test_the_served_target_language_selects_the_language_as_the_library_with_its
                        r"this export \(de, qaa\); unknown:\] \[fr\]"):  # fmt: skip
         served.n_best(text[:2], tf.constant([1, 1]), target_language=tf.constant(["de", "fr"]))
 
-    from tensorflow_serving.apis import prediction_log_pb2
-
     from bench.real_serving import measure_ours, test_pairs
-    from export.layout import WARMUP_REQUESTS
 
     asked = {}  # the warm-up requests TF Serving runs first: each signature's ask for each language
-    for record in tf.data.TFRecordDataset(os.path.join(export_dir, WARMUP_REQUESTS)):
-        request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
-        languages = tf.make_ndarray(request.inputs["target_language"]).tolist()
-        asked[request.model_spec.signature_name] = asked.get(request.model_spec.signature_name, set()) | set(languages)
+    for name, inputs in warmup_requests(export_dir):
+        asked[name] = asked.get(name, set()) | set(inputs["target_language"].numpy().tolist())
     assert asked == {declared.name: {b"de", b"qaa"} for declared in SIGNATURES}
     monkeypatch.setattr(command, "use_serving_threads", lambda: None)
     monkeypatch.setattr(tf.saved_model, "load", loaded_export)  # the loads below: this one

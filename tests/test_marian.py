@@ -5,14 +5,17 @@ weights against each other. No trained model can be downloaded here, so each tes
 Marian model of random weights, with LayerNorms and biases far from their initial 1 and 0, so
 that a swapped tensor shows."""
 
+import dataclasses
 import io
 import json
+import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
 
+from conftest import SAVED_MODEL_CLI, assert_stock_cpu_graph, warmup_requests
 from export import ctranslate2 as conversion
 from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
 from keras_transformer.search import decode
@@ -90,10 +93,12 @@ def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_lay
     return folder / "model.npz", folder / names[1]
 
 
-def write_hugging_face_model(folder, marian_folder):
+def write_hugging_face_model(folder, marian_folder, source_pieces=None):
     """The Marian model in `marian_folder` in Hugging Face's form, as its conversion writes it:
     config.json, model.safetensors (torch's Linear weights `[out, in]`; one shared embedding with
-    a zero row for <pad>, the last id, which starts the decoder) and vocab.json."""
+    a zero row for <pad>, the last id, which starts the decoder) and vocab.json; for a model of
+    two vocabularies (`source_pieces`, as many as PIECES), the encoder's and the decoder's
+    embeddings, and vocab.json of the source's pieces and target_vocab.json of the target's."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,8 +106,16 @@ def write_hugging_face_model(folder, marian_folder):
         weights = {name: npz[name] for name in npz.files}
     options = yaml.safe_load(weights.pop("special:model.yml").tobytes().rstrip(b"\0"))
     vocab = len(PIECES)
-    tensors = {"model.shared.weight": np.concatenate([weights["Wemb"], np.zeros((1, D_MODEL), np.float32)]),
-               "final_logits_bias": np.pad(weights["decoder_ff_logit_out_b"], ((0, 0), (0, 1)))}
+
+    def padded(embedding):
+        return np.concatenate([embedding, np.zeros((1, D_MODEL), np.float32)])
+
+    tensors = {"final_logits_bias": np.pad(weights["decoder_ff_logit_out_b"], ((0, 0), (0, 1)))}
+    if source_pieces is None:
+        tensors["model.shared.weight"] = padded(weights["Wemb"])
+    else:
+        tensors["model.encoder.embed_tokens.weight"] = padded(weights["encoder_Wemb"])
+        tensors["model.decoder.embed_tokens.weight"] = tensors["lm_head.weight"] = padded(weights["decoder_Wemb"])
     for stack, count in (("encoder", options["enc-depth"]), ("decoder", options["dec-depth"])):
         for i in range(count):
             marian_scope, theirs = f"{stack}_l{i + 1}", f"model.{stack}.layers.{i}"
@@ -127,10 +140,12 @@ def write_hugging_face_model(folder, marian_folder):
               "activation_function": options["transformer-ffn-activation"],
               "vocab_size": vocab + 1, "pad_token_id": vocab, "eos_token_id": 0, "decoder_start_token_id": vocab,
               "max_position_embeddings": 512, "scale_embedding": True, "normalize_before": False,
-              "share_encoder_decoder_embeddings": True, "dropout": 0.1, "attention_dropout": 0.0,
-              "activation_dropout": 0.0}  # fmt: skip
+              "share_encoder_decoder_embeddings": source_pieces is None, "decoder_vocab_size": vocab + 1,
+              "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "vocab.json").write_text(json.dumps({**{p: i for i, p in enumerate(PIECES)}, "<pad>": vocab}))
+    names = {"vocab.json": PIECES} if source_pieces is None else {"vocab.json": source_pieces, "target_vocab.json": PIECES}
+    for name, pieces in names.items():
+        (folder / name).write_text(json.dumps({**{p: i for i, p in enumerate(pieces)}, "<pad>": vocab}))
     return folder
 
 
@@ -267,13 +282,19 @@ def test_an_imported_model_translates_and_scores_as_ctranslate2s_own_conversion(
     assert [r.hypotheses[0] for r in ours] == outputs
 
 
-@pytest.mark.parametrize("activation", ["swish", "relu"])
-def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activation):
-    write_marian_model(tmp_path / "marian", activation, 1, 2)
-    write_hugging_face_model(tmp_path / "hugging-face", tmp_path / "marian")
+# Hugging Face's conversion of a model of two vocabularies asks for them of one size.
+SOURCE_PIECES_OF_TARGETS_SIZE = [*SOURCE_PIECES, "▁grand", "▁bleu", "▁vert", "▁noir", "▁blanc"]
+
+
+@pytest.mark.parametrize("activation, separate", [("swish", False), ("relu", False), ("swish", True)])
+def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activation, separate):
+    source_pieces = SOURCE_PIECES_OF_TARGETS_SIZE if separate else None
+    write_marian_model(tmp_path / "marian", activation, 1, 2, separate=separate, source_pieces=source_pieces)
+    write_hugging_face_model(tmp_path / "hugging-face", tmp_path / "marian", source_pieces)
     (one, *one_vocabulary), (other, *other_vocabulary) = (
         marian.load_marian(tmp_path / form) for form in ("marian", "hugging-face"))  # fmt: skip
     assert one.config == other.config and one_vocabulary == other_vocabulary
+    assert (one.config.source_vocab_size is not None) == separate and (one_vocabulary[0] != one_vocabulary[1]) == separate
     for variable, same in zip(one.weights, other.weights, strict=True):
         np.testing.assert_array_equal(variable.numpy(), same.numpy(), err_msg=variable.path)
 
@@ -287,6 +308,13 @@ def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(t
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "bart"}))
     with pytest.raises(ValueError, match=f"{folder / 'config.json'}: model_type 'bart': only marian can be imported"):
+        marian.load_marian(folder)
+    (folder / "pytorch_model.bin").rename(folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))  # an output matrix of its own
+    with pytest.raises(ValueError, match=f"{folder / 'config.json'}: tie_word_embeddings False; only True can be imported"):
+        marian.load_marian(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "share_encoder_decoder_embeddings": False}))
+    with pytest.raises(ValueError, match=f"{folder / 'target_vocab.json'} does not exist"):
         marian.load_marian(folder)
 
 
@@ -317,12 +345,13 @@ def test_a_missing_or_misshapen_tensor_is_refused_naming_the_file_and_tensor(tmp
         marian.load_marian(tmp_path)
 
 
-def write_release(folder, separate=False, seed=0):
+def write_release(folder, separate=False, seed=0, tags=()):
     """An OPUS-MT release folder as `write_marian_model`'s, with the SentencePiece models of
     OPUS-MT's layout (SentencePiece's own ids: <unk> 0, <s> 1, </s> 2) learned on synthetic
     pairs, source.spm and target.spm, and a vocabulary of their pieces as marian-vocab makes it
     (one of both sides' pieces, or one each with `separate`), with pieces that neither model has
-    (PLAIN). Returns (the pairs, the SentencePiece processors of the source and the target)."""
+    (PLAIN), and with `tags` (languages) the pieces of a multi-target model, `>>fra<<`. Returns
+    (the pairs, the SentencePiece processors of the source and the target)."""
     import sentencepiece
 
     from training.synthetic import generate_splits
@@ -340,7 +369,7 @@ def write_release(folder, separate=False, seed=0):
     def vocabulary(*chosen):
         found = dict.fromkeys(p.id_to_piece(i) for p in chosen for i in range(p.get_piece_size()) if not
                               (p.is_control(i) or p.is_unknown(i)))  # fmt: skip
-        return ["</s>", "<unk>", *found, *sorted(PLAIN)]
+        return ["</s>", "<unk>", *found, *sorted(PLAIN), *(f">>{tag}<<" for tag in tags)]
 
     if separate:
         write_marian_model(folder, separate=True, seed=seed, pieces=vocabulary(processors[1]),
@@ -418,7 +447,8 @@ def test_an_imported_model_exported_translates_and_scores_text_as_ctranslate2s_c
     import_marian.main([str(tmp_path / "opus"), "--run-dir", run_dir, "--dataset", str(corpus), "--source-lang", "en",
                         "--target-lang", "de"])  # fmt: skip
     greedy = DecodingSettings(beam_size=1, alpha=0.0, max_length_a=0.0, max_length_b=MAX_LENGTH, min_length=1)
-    served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports"), greedy))
+    export_dir = export(run_dir, str(tmp_path / "exports"), greedy)
+    served = tf.saved_model.load(export_dir)
     sources = [source for source, _ in pairs[:8]] + ["the Zebra 7 walks"]
     aligned = served.signatures["alignments"](text=tf.constant(sources))
     translations = [t.decode() for t in served.signatures["serving_default"](text=tf.constant(sources))["translation"].numpy()]
@@ -440,9 +470,81 @@ def test_an_imported_model_exported_translates_and_scores_text_as_ctranslate2s_c
     scored = translator.score_batch(source_pieces[:8], [target_spm.encode(target, out_type=str) for target in targets])
     np.testing.assert_allclose(scores, [sum(s.log_probs) for s in scored], rtol=1e-4, atol=1e-4)
 
+    # The warm-up file replays (as TF Serving does before it serves), the graph has stock ops
+    # only, and saved_model_cli's loader (the C++ loader's graph and init ops) translates alike.
+    for name, inputs in warmup_requests(export_dir):
+        served.signatures[name](**inputs)
+    assert_stock_cpu_graph(export_dir)
+    ran = subprocess.run([*SAVED_MODEL_CLI, "run", "--dir", export_dir, "--tag_set", "serve", "--signature_def",
+                          "serving_default", "--input_exprs", f"text={json.dumps(sources[-1:])}"],
+                         check=True, capture_output=True, text=True, timeout=300).stdout  # fmt: skip
+    assert f"Result for output key translation:\n[{translations[-1].encode()!r}]" in ran
+
     evaluate.main(["--run-dir", run_dir, "--no-xla", "--beam-size", "1", "--alpha", "0", "--max-length-a", "0",
                    "--max-length-b", str(MAX_LENGTH), "--min-length", "1"])  # fmt: skip
     test_sources = [source for source, _ in pairs[8:12]]
     expected = served.signatures["serving_default"](text=tf.constant(test_sources))["translation"].numpy()
     assert (tmp_path / "run" / "translations.test.txt").read_text().splitlines() == [t.decode() for t in expected]
     assert "bleu" in json.loads((tmp_path / "run" / "metrics.json").read_text())
+
+    # Fine-tuned (--init-from, no model flag): the imported model and tokenizer at step 0, trained on.
+    from training.run_folder import RunFolder
+    from training.train import parse_args, train
+
+    tuned = RunFolder(str(tmp_path / "tuned"))
+    train(parse_args(["--run-dir", tuned.path, "--init-from", run_dir, "--dataset", str(corpus), "--source-lang", "en",
+                      "--target-lang", "de", "--steps", "2", "--checkpoint-every", "2", "--steps-per-call", "1",
+                      "--batch-tokens", "256", "--max-length", "32", "--dropout", "0", "--no-evaluate", "--no-xla",
+                      "--strategy", "cpu"]))  # fmt: skip
+    imported, _ = RunFolder(run_dir).load_model()
+    assert tuned.config() == dataclasses.replace(imported.config, max_length=32, dropout=0.0)
+    assert tuned.load_tokenizer().digest() == RunFolder(run_dir).load_tokenizer().digest()
+    for step, same in (("0", True), ("2", False)):
+        weights = tuned.load_model(step)[0].weights
+        assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(weights, imported.weights)) == same
+
+
+@pytest.mark.slow
+def test_a_multi_target_model_serves_each_language_by_its_tag_as_ctranslate2s_conversion_does(tmp_path):
+    """An OPUS-MT model of several targets (its vocabulary's >>fra<< pieces) imports as a run of a
+    pair for each; a source's leading <2spa> (this project's tag) or >>spa<< (OPUS-MT's) is the
+    piece >>spa<<, and the served target_language puts it there, as CTranslate2's conversion
+    of the folder reads it."""
+    from export.serving import Translator
+    from keras_transformer.search import DecodingSettings
+    from training import import_marian, languages
+    from training.run_folder import RunFolder
+
+    pairs, (source_spm, _) = write_release(tmp_path / "opus-mt-en-mul", tags=("fra", "spa"))
+    import_marian.main([str(tmp_path / "opus-mt-en-mul"), "--run-dir", str(tmp_path / "run")])  # the model's targets
+    run = RunFolder(str(tmp_path / "run"))
+    assert run.pairs() == (("en", "fra"), ("en", "spa"))
+    tokenizer = run.load_tokenizer()
+    assert languages.languages(tokenizer) == ("fra", "spa") and run.targets() == {"fra": "<2fra> ", "spa": "<2spa> "}
+    text = pairs[0][0]
+    plain = tokenizer.encode_source(tf.constant([text])).to_list()[0]
+    spa = tokenizer.source.piece_list().index(">>spa<<")
+    for asked in (f"<2spa> {text}", f">>spa<< {text}"):
+        assert tokenizer.encode_source(tf.constant([asked, text])).to_list() == [[spa, *plain], plain]
+    assert tokenizer.encode_source(tf.constant(f"<2spa> {text}")).numpy().tolist() == [spa, *plain]
+    with pytest.raises(SystemExit, match=r"lacks <2deu>"):
+        import_marian.main([str(tmp_path / "opus-mt-en-mul"), "--run-dir", str(tmp_path / "other"), "--target-lang", "deu"])
+
+    greedy = DecodingSettings(beam_size=1, alpha=0.0, max_length_a=0.0, max_length_b=MAX_LENGTH, min_length=1)
+    translator = Translator(run.load_model()[0], tokenizer, greedy, languages=run.targets())
+    sources = [source for source, _ in pairs[:4]]
+    asked = tf.constant(["fra", "spa", "spa", "fra"])
+    aligned = translator.alignments(tf.constant(sources), target_language=asked)
+    assert [row[0] for row in aligned["source_pieces"].numpy()] == [b">>fra<<", b">>spa<<", b">>spa<<", b">>fra<<"]
+    if not conversion.available():
+        pytest.skip(f"ctranslate2 is not installed: {conversion.INSTALL}")
+    import ctranslate2
+    from ctranslate2.converters import OpusMTConverter
+
+    OpusMTConverter(str(tmp_path / "opus-mt-en-mul")).convert(str(tmp_path / "ct2"))
+    tagged = [[f">>{language}<<", *source_spm.encode(source, out_type=str)] for source, language in
+              zip(sources, ["fra", "spa", "spa", "fra"])]  # fmt: skip
+    results = ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(
+        tagged, beam_size=1, min_decoding_length=1, max_decoding_length=MAX_LENGTH)  # fmt: skip
+    assert [[p.decode() for p in row if p not in (b"", b"</s>")] for row in aligned["target_pieces"].numpy()] == [
+        result.hypotheses[0] for result in results]  # fmt: skip

@@ -146,7 +146,7 @@ def test_a_resume_refuses_another_run_reports_what_changes_the_math_and_keeps_ea
     run = RunFolder(str(tmp_path))
     settings = {"backend": "tensorflow", "dataset": "synthetic", "source_lang": "en", "target_lang": "de", "seed": 0,
                 "pairs": "en-de", "pair_temperature": 1.0, "processes": 1, "warmup_steps": 400, "learning_rate_scale": 1.0,
-                "dropout": None, "steps": 10}  # fmt: skip
+                "separate_vocabularies": False, "dropout": None, "steps": 10}  # fmt: skip
     assert run.check_resume(TransformerConfig.tiny(100), settings) == []  # a new run folder
     run.record_segment(TransformerConfig.tiny(100), settings, 0, now="t0")
     assert run.check_resume(TransformerConfig.tiny(100), {**settings, "steps": 20}) == []  # may change, unreported
@@ -165,6 +165,8 @@ def test_a_resume_refuses_another_run_reports_what_changes_the_math_and_keeps_ea
         run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "pairs": "en-de,en-qaa"})
     with pytest.raises(ValueError, match=r"pair_temperature: 1.0 in .*training.json, 5.0 now"):  # the mix of the data
         run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "pair_temperature": 5.0})
+    with pytest.raises(ValueError, match=r"separate_vocabularies: False in .*training.json, True now"):  # the tokenizer
+        run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "separate_vocabularies": True})
     with pytest.raises(ValueError, match=r"processes: 1 in .*training.json, 2 now\).*\(and number of processes\)"):
         run.check_resume(TransformerConfig.tiny(100, dropout=0.3), {**changed, "processes": 2})
     with pytest.raises(ValueError, match=r"trained under tensorflow .* resume it with KERAS_BACKEND=tensorflow"):
@@ -181,7 +183,7 @@ def test_a_run_folder_of_older_code_reads_as_one_segment_with_the_defaults_of_se
     run.write_json(run.settings_path, old)  # flat, without backend and processes (recorded since)
     assert run.segments() == [{"started": None, "step": 0, "settings": old}]
     assert run.settings() == {**old, "backend": "tensorflow", "processes": 1, "learning_rate_scale": 1.0,
-                              "pair_temperature": 1.0, "pairs": "en-de"}  # fmt: skip
+                              "pair_temperature": 1.0, "pairs": "en-de", "separate_vocabularies": False}  # fmt: skip
     assert run.check_resume(TransformerConfig.tiny(100), run.settings()) == []
 
 

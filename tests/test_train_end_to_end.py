@@ -340,7 +340,7 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
 
     from keras_transformer import Transformer, TransformerConfig
     from training.schedule import TransformerSchedule, paper_optimizer
-    from training.train import check_same_model, initial_checkpoint, parse_args, train
+    from training.train import fine_tuned_config, initial_checkpoint, parse_args, train
 
     source = RunFolder(artifacts.tf_run)
     assert source.checkpoint("140").endswith("ckpt-140") and source.checkpoint("latest").endswith("ckpt-160")
@@ -379,15 +379,18 @@ def test_a_run_started_from_another_has_its_weights_tokenizer_and_a_fresh_optimi
     tuned, _ = run.load_model("4")
     assert not np.allclose(tuned.weights[0].numpy(), start.weights[0].numpy())  # it trained on
 
-    # Another model, or a run folder with another tokenizer, is refused with what differs; another
-    # max_length only where positions are learned weights.
-    check_same_model(TransformerConfig.tiny(100), TransformerConfig.tiny(100, max_length=32), "x")
+    # The model is the source's, with this command's dropout and, where positions are sinusoids,
+    # max_length; model flags that differ from it, or a run folder with another tokenizer, are
+    # refused with what differs.
+    source_config = TransformerConfig.tiny(100, d_ff=96)
+    tuned = fine_tuned_config(source_config, TransformerConfig.tiny(100, d_model=64, dropout=0.3, max_length=32), {}, "x")
+    assert tuned == TransformerConfig.tiny(100, d_ff=96, dropout=0.3, max_length=32)
     learned = lambda length: TransformerConfig.tiny(100, positional_encoding="learned", max_length=length)  # noqa: E731
-    with pytest.raises(ValueError, match=r"differs from this one \(max_length: 24 there, 32 here\)"):
-        check_same_model(learned(24), learned(32), "x")
-    with pytest.raises(ValueError, match=r"differs from this one \(decoder_layers: 2 there, 1 here\)"):
-        check_same_model(TransformerConfig.tiny(100), TransformerConfig.tiny(100, decoder_layers=1), "x")
-    with pytest.raises(ValueError, match=r"its model differs from this one \(d_model: 128 there, 32 here\)"):
+    with pytest.raises(ValueError, match=r"differs from the flags here \(max_length: 24 there, 32 here\)"):
+        fine_tuned_config(learned(24), learned(32), {}, "x")
+    with pytest.raises(ValueError, match=r"differs from the flags here \(decoder_layers: 2 there, 1 here\)"):
+        fine_tuned_config(source_config, source_config, {"num_layers": 2, "decoder_layers": 1}, "x")
+    with pytest.raises(ValueError, match=r"its model differs from the flags here \(d_model: 128 there, 32 here\)"):
         train(parse_args(["--run-dir", str(tmp_path / "other"), *flags, "--d-model", "32", "--init-from", artifacts.tf_run]))
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "tokenizer.model").write_bytes(synthetic_sentencepiece)
@@ -455,3 +458,51 @@ def test_early_stopping_keeps_the_best_across_a_resume_and_the_rotation_and_expo
     latest, _ = run.load_model("latest")
     assert not all(np.array_equal(ours, theirs.numpy()) for ours, theirs in zip(exported_weights, latest.weights))
     assert training.initial_checkpoint(f"{run_dir}:best", RunFolder(str(tmp_path / "new")), True, [("en", "de")])["checkpoint"] == best
+
+
+@pytest.mark.slow
+def test_separate_vocabularies_learn_a_model_a_side_resume_and_export_as_each_side_reads(tmp_path, capsys):
+    """--separate-vocabularies: a SentencePiece model of each side's text and a source embedding
+    of its own; the run resumes; the SavedModel and the CTranslate2 export read the source and
+    write the target with their own side's model, token for token alike; a shortlist is refused."""
+    import tensorflow as tf
+
+    from export import ctranslate2 as conversion
+    from export.saved_model import export
+    from keras_transformer.search import DecodingSettings
+    from training.train import parse_args, train
+
+    run_dir = str(tmp_path / "run")
+    flags = [*MECHANICS, "--checkpoint-every", "2", "--steps-per-call", "2", "--no-evaluate", "--no-xla",
+             "--separate-vocabularies"]  # fmt: skip
+    train(parse_args(["--run-dir", run_dir, *flags, "--steps", "2"]))
+    train(parse_args(["--run-dir", run_dir, *flags, "--steps", "4"]))
+    assert f"Resumed from {run_dir}/checkpoints/ckpt-2 at step 2." in capsys.readouterr().out
+    run = RunFolder(run_dir)
+    tokenizer, config = run.load_tokenizer(), run.config()
+    assert not tokenizer.one_vocabulary and run.settings()["separate_vocabularies"]
+    assert (config.source_vocab_size, config.vocab_size) == (tokenizer.source.vocab_size, tokenizer.target.vocab_size)
+    source, target = set(tokenizer.source.piece_list()), set(tokenizer.target.piece_list())
+    assert "▁the" in source - target and "▁der" in target - source  # English in, German out
+    model, _ = run.load_model()
+    assert model.source_embedding.embeddings.shape[0] == config.source_vocab_size
+
+    greedy = DecodingSettings(beam_size=1, max_length_a=0.0, max_length_b=12)  # an untrained model's outputs: 12 pieces
+    served = tf.saved_model.load(export(run_dir, str(tmp_path / "exports"), greedy))
+    sentences = ["the dog sees the red car .", "a small test"]
+    aligned = served.signatures["alignments"](text=tf.constant(sentences))
+    pieces = [[p.decode() for p in row if p not in (b"", b"</s>")] for row in aligned["target_pieces"].numpy()]
+    ids = [[tokenizer.target.piece_list().index(p) for p in row] for row in pieces]
+    assert aligned["translation"].numpy().tolist() == tokenizer.target.detokenize(tf.ragged.constant(ids)).numpy().tolist()
+    with pytest.raises(ValueError, match="a SentencePiece model for each side"):
+        export(run_dir, str(tmp_path / "exports"), greedy, shortlist="run")
+    if not conversion.available():
+        pytest.skip(f"the CTranslate2 export's check: ctranslate2 is not installed: {conversion.INSTALL}")
+    import ctranslate2
+    import sentencepiece
+
+    out = conversion.export(run_dir, str(tmp_path / "ct2"))
+    source_model = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out, "sentencepiece.model"))
+    results = ctranslate2.Translator(out).translate_batch([source_model.encode(s, out_type=str) for s in sentences],
+                                                          beam_size=1, max_decoding_length=12)  # fmt: skip
+    assert [result.hypotheses[0] for result in results] == pieces

@@ -137,6 +137,9 @@ FLAGS = (
     _model("logits_bias", bool, "bias on the output logits: none in the paper, a trained one in Marian"),
     # The tokenizer and the batches.
     Flag("vocab_size", int, PRESET, "SentencePiece vocabulary, an upper bound (paper: 37000)", POSITIVE, REFUSED),
+    Flag("separate_vocabularies", bool, help="a SentencePiece model for each side (each of --vocab-size pieces at most) "
+         "and a source embedding of its own; the paper shares one vocabulary (section 3.4)", resume=REFUSED,
+         recorded=False),  # fmt: skip
     Flag("tokenizer_sample", int, TOKENIZER_SAMPLE, "training pairs SentencePiece learns from, drawn uniformly from "
          "the whole split", POSITIVE, REFUSED),  # fmt: skip
     Flag("max_length", int, PRESET, "longest sentence in tokens; longer training pairs are dropped", POSITIVE),
@@ -174,8 +177,8 @@ FLAGS = (
     Flag("no_xla", bool, help="run the step without XLA (for comparison)"),
     Flag("no_evaluate", bool, help="skip the test evaluation at the end"),
     Flag("init_from", help="fine-tune: start a new run from another run's checkpoint (latest, a step, averaged or "
-         "best; default latest), with its tokenizer and model (the same --config and model flags), a fresh "
-         "optimizer and these flags' schedule and data", options=dict(metavar="RUN[:CHECKPOINT]")),  # fmt: skip
+         "best; default latest), with its tokenizer and model (model flags that differ are refused; dropout and "
+         "--max-length are these flags'), a fresh optimizer and these flags' schedule and data", options=dict(metavar="RUN[:CHECKPOINT]")),  # fmt: skip
     Flag("seed", int, 0, resume=REFUSED, corpus=True),  # the synthetic corpus' too
 )  # fmt: skip
 

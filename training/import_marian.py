@@ -11,7 +11,9 @@ here, as training.train records them).
                                       project's ids (training/tokenizer.py maps them in the graph)
     DIR/checkpoints/ckpt-0/           model.weights.h5, the weights, and state.json: step 0
 
-The languages default to those of SOURCE's name where it ends in SRC-TGT (opus-mt-en-de).
+The source language defaults to that of SOURCE's name where it ends in SRC-TGT (opus-mt-en-de);
+the target languages to the model's own (`>>fra<<` pieces) where it writes several (opus-mt-en-
+ROMANCE: one run of several pairs, whose export's `target_language` chooses), else the name's.
 """
 
 import argparse
@@ -39,9 +41,9 @@ CORPUS_FLAGS = [flag for flag in FLAGS if flag.corpus or flag.name in ("dataset"
 
 def import_marian(source, run_dir, settings):
     """Writes the OPUS-MT model in folder `source` as the run folder `run_dir` (a new one), with
-    `settings` (the languages and corpus flags, by name) in its training.json; returns its
-    `RunFolder`. Its config.json is written last: a folder without it is an interrupted import,
-    which another overwrites."""
+    `settings` (the languages, None where not given, and corpus flags, by name) in its
+    training.json; returns its `RunFolder`. Its config.json is written last: a folder without it
+    is an interrupted import, which another overwrites."""
     run = RunFolder(run_dir)
     if tf.io.gfile.exists(run.config_path):
         raise ValueError(f"--run-dir {run_dir} holds a run already: give a new folder.")
@@ -50,16 +52,26 @@ def import_marian(source, run_dir, settings):
     for path in paths.values():
         if not os.path.exists(path):
             raise ValueError(f"{path} does not exist: an OPUS-MT model has source.spm and target.spm beside its weights.")
-    run.save_tokenizer(Tokenizer(Vocabulary.load(paths["source"], source_pieces),
-                                 Vocabulary.load(paths["target"], target_pieces)))  # fmt: skip
+    tokenizer = Tokenizer(Vocabulary.load(paths["source"], source_pieces, tags=True),
+                          Vocabulary.load(paths["target"], target_pieces))  # fmt: skip
+    named_source, named_target = default_languages(source)
+    source_lang = settings["source_lang"] or named_source
+    targets = settings["target_lang"].split(",") if settings["target_lang"] else \
+        list(languages.languages(tokenizer)) or [named_target]  # fmt: skip
+    if not source_lang or None in targets:
+        raise ValueError(f"{source} does not name its languages (...-SRC-TGT): give --source-lang and --target-lang.")
+    if languages.languages(tokenizer):
+        languages.check_vocabulary(tokenizer, targets, source)
+    pairs = [(source_lang, target) for target in targets]
+    settings = {**settings, "source_lang": source_lang, "target_lang": targets[0],
+                "pairs": ",".join(map(languages.pair_name, pairs)), "imported_from": os.path.abspath(source)}  # fmt: skip
+    run.save_tokenizer(tokenizer)
     folder = os.path.join(run.checkpoint_dir, checkpoint_name(0))
     tf.io.gfile.makedirs(folder)
     with written_locally(os.path.join(folder, "model.weights.h5")) as local:
         model.save_weights(local)
     with tf.io.gfile.GFile(os.path.join(folder, "state.json"), "w") as f:  # last: it marks the checkpoint complete
         json.dump({"step": 0, "train_seconds": 0.0, "imported_from": os.path.abspath(source)}, f)
-    settings = {**settings, "imported_from": os.path.abspath(source),
-                "pairs": languages.pair_name((settings["source_lang"], settings["target_lang"]))}  # fmt: skip
     run.record_segment(model.config, settings, 0)
     return run
 
@@ -78,16 +90,12 @@ def main(argv=None):
     for flag in CORPUS_FLAGS:
         flag.add_to(parser)
     args = parser.parse_args(argv)
-    source_lang, target_lang = default_languages(args.source)
-    args.source_lang, args.target_lang = args.source_lang or source_lang, args.target_lang or target_lang
-    if not (args.source_lang and args.target_lang):
-        parser.error(f"{args.source} does not name its languages (...-SRC-TGT): give --source-lang and --target-lang")
     try:
         run = import_marian(args.source, args.run_dir, {flag.name: getattr(args, flag.name) for flag in CORPUS_FLAGS})
     except ValueError as error:
         sys.exit(f"error: {error}")
     config = run.config()
-    print(f"Imported {args.source} ({args.source_lang}-{args.target_lang}: {config.encoder_layers} encoder and "
+    print(f"Imported {args.source} ({run.settings()['pairs']}: {config.encoder_layers} encoder and "
           f"{config.decoder_layers} decoder layers, d_model {config.d_model}, {config.vocab_size:,} target pieces) into "
           f"{run.path}. Export it with: python -m export --run-dir {run.path} --out EXPORT_BASE")  # fmt: skip
 

@@ -44,7 +44,10 @@ def tagged(source, language):
 
 def languages(tokenizer):
     """The languages whose tags are user-defined pieces of `tokenizer`'s source vocabulary (a run
-    that learned to write them, `train_sentencepiece(..., symbols=)`), in its order; () for none."""
+    that learned to write them, `train_sentencepiece(..., symbols=)`), or its OPUS-MT tags
+    (`>>fra<<`, which `<2fra>` reads as: training/tokenizer.py), in its order; () for none."""
+    if tokenizer.source.mapped_pieces is not None:
+        return tokenizer.source.language_tags
     model = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.source.model_proto)
     user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
     return tuple(m.group(1) for piece in model.pieces if piece.type == user_defined and (m := TAG.fullmatch(piece.piece)))

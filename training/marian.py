@@ -2,7 +2,8 @@
 model's own config, its weights by their Marian names, its vocabulary in this project's ids.
 Either of its two published forms (`read_model`): Marian's release folder (`model.npz` with its
 `special:model.yml`, `*.vocab.yml`), or Hugging Face's (`config.json` of model_type marian,
-`model.safetensors`, `vocab.json`), whose tensors are renamed to Marian's on reading.
+`model.safetensors`, `vocab.json`, and `target_vocab.json` for a model of two vocabularies),
+whose tensors are renamed to Marian's on reading.
 
 Marian's model is the paper's post-norm Transformer (`--transformer-postprocess dan`) with the
 options TransformerConfig has for it: the swish activation, a sine half and a cosine half of the
@@ -190,7 +191,7 @@ def read_hugging_face(folder):
                         ("encoder_ffn_dim", config.get("decoder_ffn_dim"))):  # fmt: skip
         if config.get(name) != value:
             raise ValueError(f"{config_path}: {name} {config.get(name)} differs from the decoder's {value}.")
-    required = {"normalize_before": False, "scale_embedding": True, "share_encoder_decoder_embeddings": True}
+    required = {"normalize_before": False, "scale_embedding": True, "tie_word_embeddings": True}
     for name, value in required.items():
         if config.get(name, value) != value:
             raise ValueError(f"{config_path}: {name} {config[name]!r}; only {value!r} can be imported.")
@@ -203,16 +204,21 @@ def read_hugging_face(folder):
                "transformer-dropout-attention": config.get("attention_dropout", 0.0),
                "transformer-dropout-ffn": config.get("activation_dropout", 0.0),
                "max-length": config.get("max_position_embeddings")}  # fmt: skip
-    with open(os.path.join(folder, "vocab.json"), encoding="utf-8") as f:
-        ids = json.load(f)
+    shared = config.get("share_encoder_decoder_embeddings", True)  # else vocab.json is the source's alone
+    options["tied-embeddings-all"], options["tied-embeddings"] = shared, True
     pad = config["pad_token_id"]
-    if pad != len(ids) - 1 or config.get("decoder_start_token_id", pad) != pad:
-        raise ValueError(f"{config_path}: pad_token_id {pad} is not the last of vocab.json's {len(ids)} ids, "
-                         "which starts the decoder from a zero vector as Marian does.")  # fmt: skip
-    pieces = pieces_by_id({i: piece for piece, i in ids.items()}, os.path.join(folder, "vocab.json"), pad)
+    if config.get("decoder_start_token_id", pad) != pad:
+        raise ValueError(f"{config_path}: decoder_start_token_id {config['decoder_start_token_id']} is not pad_token_id "
+                         f"{pad}, the zero vector that Marian's decoder starts from.")  # fmt: skip
+    vocabularies = [_hugging_face_vocabulary(os.path.join(folder, name), pad)
+                    for name in (["vocab.json"] if shared else ["vocab.json", "target_vocab.json"])]  # fmt: skip
     take = _Weights(tensors, path).take
-    weights = {"Wemb": take("model.shared.weight")[:pad],
-               "decoder_ff_logit_out_b": take("final_logits_bias")[..., :pad]}  # fmt: skip
+    weights = {"decoder_ff_logit_out_b": take("final_logits_bias")[..., :pad]}
+    if shared:
+        weights["Wemb"] = take("model.shared.weight")[:pad]
+    else:
+        weights["encoder_Wemb"] = take("model.encoder.embed_tokens.weight")[:pad]
+        weights["decoder_Wemb"] = take("model.decoder.embed_tokens.weight")[:pad]
     for stack, count in (("encoder", config["encoder_layers"]), ("decoder", config["decoder_layers"])):
         for i in range(count):
             marian, theirs = f"{stack}_l{i + 1}", f"model.{stack}.layers.{i}"
@@ -228,7 +234,20 @@ def read_hugging_face(folder):
                 weights[f"{marian}_ffn_b{number}"] = take(f"{theirs}.fc{number}.bias")
             weights[f"{marian}_ffn_ffn_ln_scale"] = take(f"{theirs}.final_layer_norm.weight")
             weights[f"{marian}_ffn_ffn_ln_bias"] = take(f"{theirs}.final_layer_norm.bias")
-    return weights, options, pieces, pieces, path
+    return weights, options, vocabularies[0], vocabularies[-1], path
+
+
+def _hugging_face_vocabulary(path, pad):
+    """The pieces of Hugging Face's vocabulary file `path` ({piece: id}) by Marian's id: its
+    padding, which must be id `pad` and its last (the decoder's zero start), left out."""
+    if not os.path.exists(path):
+        raise ValueError(f"{path} does not exist.")
+    with open(path, encoding="utf-8") as f:
+        ids = json.load(f)
+    if pad != len(ids) - 1:
+        raise ValueError(f"{path}: pad_token_id {pad} is not the last of its {len(ids)} ids, which starts the decoder "
+                         "from a zero vector as Marian does.")  # fmt: skip
+    return pieces_by_id({i: piece for piece, i in ids.items()}, path, pad)
 
 
 def pieces_by_id(found, path, size=None):

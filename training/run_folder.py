@@ -166,7 +166,7 @@ class RunFolder:
         if not tf.io.gfile.exists(self.tokenizer_path):
             raise ValueError(f"{self.tokenizer_path} does not exist: is {self.path} a run folder of training.train?")
         pieces = self._read_json(self.pieces_path) if tf.io.gfile.exists(self.pieces_path) else {}
-        source = Vocabulary.load(self.tokenizer_path, pieces.get("source"))
+        source = Vocabulary.load(self.tokenizer_path, pieces.get("source"), tags=True)
         if not tf.io.gfile.exists(self.target_tokenizer_path):
             return Tokenizer(source)
         return Tokenizer(source, Vocabulary.load(self.target_tokenizer_path, pieces.get("target")))

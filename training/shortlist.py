@@ -98,6 +98,14 @@ def lexical_table(keys, probabilities, vocab_size, candidates=CANDIDATES):
             for s in range(1, vocab_size) if starts[s + 1] > starts[s]}  # fmt: skip
 
 
+def check_tokenizer(run):
+    """Refuses (ValueError) a run whose sides have SentencePiece models of their own: a table is of
+    one model's pieces, which a source piece also names among its candidates."""
+    if tf.io.gfile.exists(run.target_tokenizer_path):
+        raise ValueError(f"{run.path} has a SentencePiece model for each side ({run.target_tokenizer_path}): a "
+                         "shortlist is learned for one model of both sides.")  # fmt: skip
+
+
 def learn(run_dir, candidates=CANDIDATES, always=ALWAYS, sample=SAMPLE, iterations=ITERATIONS):
     """Learns the run's table and writes DIR/shortlist.txt and DIR/shortlist.json; returns the record."""
     import sentencepiece
@@ -106,6 +114,7 @@ def learn(run_dir, candidates=CANDIDATES, always=ALWAYS, sample=SAMPLE, iteratio
 
     start = time.monotonic()
     run = RunFolder(run_dir)
+    check_tokenizer(run)
     settings = run.settings()
     text = languages.training_split(run.load_corpora(), run.text_dir, tagged=bool(languages.languages(run.load_tokenizer())),
                                     temperature=settings["pair_temperature"], sample_size=sample, seed=settings["seed"])  # fmt: skip

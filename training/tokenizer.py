@@ -13,12 +13,18 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID).
 
 import hashlib
 import io
+import re
 
 import sentencepiece
 import tensorflow as tf
 import tensorflow_text
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+# The piece of an OPUS-MT model's vocabulary that asks for a target language, >>fra<<.
+MARIAN_TAG = re.compile(r">>([^<>\s]+)<<")
+# A text's leading tag, this project's (<2fra>, training/languages.py) or OPUS-MT's, and its space.
+_LEADING_TAG = r"^(?:<2([^<>\s]+)>|>>([^<>\s]+)<<)"
 
 
 def train_sentencepiece(sentences, vocab_size, model_type="bpe", symbols=()):
@@ -62,9 +68,12 @@ class Vocabulary(tf.Module):
             id of its piece in `pieces` (none: unknown, 1); ids are written as their pieces,
             which SentencePiece joins into text (one it lacks as its unknown, where Marian
             writes the piece's own text: `tensorflow_text` joins ids, not pieces).
+        tags: for a source with `pieces` that hold OPUS-MT's target-language pieces (`>>fra<<`):
+            whether a text's leading tag, `<2fra>` as training/languages.py writes it or
+            `>>fra<<` as OPUS-MT's users do, is that piece's id, not text (`language_tags`).
     """
 
-    def __init__(self, model_proto, pieces=None):
+    def __init__(self, model_proto, pieces=None, tags=False):
         super().__init__()
         self.model_proto = model_proto
         out_type = tf.int32 if pieces is None else tf.string
@@ -81,11 +90,13 @@ class Vocabulary(tf.Module):
             initializer = tf.lookup.KeyValueTensorInitializer(tf.constant(list(first)), tf.constant(list(first.values())))
             self._ids_of_pieces = tf.lookup.StaticHashTable(initializer, default_value=UNK_ID)
             self._pieces_of_ids = tf.constant(self.mapped_pieces)
+        tagged = pieces if tags and pieces is not None else ()
+        self.language_tags = tuple(m.group(1) for piece in tagged if (m := MARIAN_TAG.fullmatch(piece)))
 
     @classmethod
-    def load(cls, path, pieces=None):
+    def load(cls, path, pieces=None, tags=False):
         with tf.io.gfile.GFile(path, "rb") as f:
-            return cls(f.read(), pieces)
+            return cls(f.read(), pieces, tags)
 
     def save(self, path):
         """Writes the SentencePiece model (`pieces`, if any, are the run folder's to write)."""
@@ -104,12 +115,27 @@ class Vocabulary(tf.Module):
 
     def tokenize(self, text):
         """String tensor `[batch]` (or a scalar) -> ragged int32 ids `[batch, None]` (or `[None]`)."""
+        if self.language_tags:
+            return self._tokenize_tagged(text)
         tokens = self.sentencepiece.tokenize(text)  # ids, or pieces for a vocabulary of `pieces`
         if self.mapped_pieces is None:
             return tokens
         if isinstance(tokens, tf.RaggedTensor):
             return tf.ragged.map_flat_values(self._ids_of_pieces.lookup, tokens)
         return self._ids_of_pieces.lookup(tokens)
+
+    def _tokenize_tagged(self, text):
+        """`tokenize` where a leading tag is one id (`language_tags`), the rest SentencePiece's."""
+        text = tf.convert_to_tensor(text, tf.string)
+        batch = tf.reshape(text, [-1])
+        has_tag = tf.strings.regex_full_match(batch, _LEADING_TAG + r"( (?s:.*))?")
+        tag = tf.strings.regex_replace(batch, _LEADING_TAG + r"(?s:.*)$", r">>\1\2<<")
+        rest = tf.where(has_tag, tf.strings.regex_replace(batch, _LEADING_TAG + " ?", ""), batch)
+        tags = tf.RaggedTensor.from_row_lengths(self._ids_of_pieces.lookup(tf.boolean_mask(tag, has_tag)),
+                                                tf.cast(has_tag, tf.int64))  # fmt: skip
+        pieces = tf.ragged.map_flat_values(self._ids_of_pieces.lookup, self.sentencepiece.tokenize(rest))
+        ids = tf.concat([tf.cast(tags, tf.int32), pieces], axis=1)
+        return ids[0] if text.shape.rank == 0 else ids
 
     def encode(self, text, max_length=None):
         """Text -> its pieces, cut to leave room for the end-of-sentence id within `max_length`
@@ -162,7 +188,14 @@ class Tokenizer(tf.Module):
 
     @property
     def shared(self):
+        """Whether both sides are one SentencePiece model."""
         return self.target is self.source
+
+    @property
+    def one_vocabulary(self):
+        """Whether both sides have the same piece at each id, so that one embedding serves both
+        (an imported model of one vocabulary has two SentencePiece models but one vocabulary)."""
+        return self.shared or self.source.piece_list() == self.target.piece_list()
 
     def encode_source(self, text, max_length=None):
         """Source text -> the ids the model reads (`Vocabulary.encode`)."""

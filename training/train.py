@@ -67,10 +67,11 @@ def parse_args(argv=None):
     return args
 
 
-def get_tokenizer(run, text, vocab_size, is_chief, symbols=()):
+def get_tokenizer(run, text, vocab_size, is_chief, symbols=(), separate=False):
     """The run's tokenizer: loaded if the run folder has one, else trained on the sample of the
     training split that `text` (`shards.TextShards`) drew, with `symbols` (the tags of several
-    target languages) one piece each (by the chief, which the other processes wait for)."""
+    target languages, which sources begin with) one piece each (by the chief, which the other
+    processes wait for): one SentencePiece model of both sides, or with `separate` one a side."""
     if not is_chief:
         files.wait_for(run.tokenizer_path, "process 0 to train the tokenizer")
     if not tf.io.gfile.exists(run.tokenizer_path):
@@ -78,7 +79,12 @@ def get_tokenizer(run, text, vocab_size, is_chief, symbols=()):
         pairs = text.sample()
         print(f"Training a SentencePiece tokenizer ({vocab_size:,} pieces at most) on {len(pairs):,} pairs sampled "
               f"from the {text.num_pairs:,} of the training split...", flush=True)  # fmt: skip
-        tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size, symbols=symbols))
+        if separate:
+            tokenizer = Tokenizer(train_sentencepiece([source for source, _ in pairs], vocab_size, symbols=symbols),
+                                  train_sentencepiece([target for _, target in pairs], vocab_size))  # fmt: skip
+        else:
+            tokenizer = Tokenizer(train_sentencepiece([sentence for pair in pairs for sentence in pair], vocab_size,
+                                                      symbols=symbols))  # fmt: skip
         print(f"Trained the tokenizer in {time.perf_counter() - start:.0f} s.", flush=True)
         run.save_tokenizer(tokenizer)
         return tokenizer
@@ -109,17 +115,25 @@ def initial_checkpoint(spec, run, is_chief, pairs):
     return {"run": path, "checkpoint": checkpoint, "step": step_of(checkpoint), "metrics": of_checkpoint}
 
 
-def check_same_model(source, config, spec):
-    """Refuses (ValueError, naming each difference) a `config` whose weights differ in shape or
-    meaning from the `source` config's; dropout may differ, and so may max_length under sinusoidal
-    positions (no weight of theirs depends on it)."""
-    old, new = source.to_dict(), config.to_dict()
-    free = {"max_length"} if config.positional_encoding != "learned" else set()
-    differences = [f"{name}: {old.get(name)!r} there, {new.get(name)!r} here" for name in sorted(set(old) | set(new))
-                   if old.get(name) != new.get(name) and "dropout" not in name and name not in free]  # fmt: skip
+def fine_tuned_config(source, config, given, spec):
+    """The config of a run started from a model of config `source` (`--init-from spec`): the
+    source's, with `config`'s (this command's) dropout, and its max_length where positions are
+    sinusoids (no weight depends on it). Refuses (ValueError, naming each difference) model
+    flags `given` ({field: value}, those on the command line) and a max_length of learned
+    positions that differ from the source's."""
+    free = {"dropout", "attention_dropout", "relu_dropout"}
+    free |= {"max_length"} if source.positional_encoding != "learned" else set()
+    asked = {**given, "max_length": config.max_length}
+    if "num_layers" in asked:  # the shorthand for both depths
+        depth = asked.pop("num_layers")
+        asked = {"encoder_layers": depth, "decoder_layers": depth, **asked}
+    differences = [f"{name}: {getattr(source, name)!r} there, {value!r} here" for name, value in sorted(asked.items())
+                   if name not in free and getattr(source, name) != value]  # fmt: skip
     if differences:
-        raise ValueError(f"--init-from {spec}: its model differs from this one ({'; '.join(differences)}). Give the "
-                         "--config and model flags it was trained with.")  # fmt: skip
+        raise ValueError(f"--init-from {spec}: its model differs from the flags here ({'; '.join(differences)}). Leave "
+                         "the model flags out: the model is the run's (and so is --max-length where positions are "
+                         "learned).")  # fmt: skip
+    return dataclasses.replace(source, **{name: getattr(config, name) for name in free})
 
 
 def train(args, strategy=None):
@@ -203,18 +217,21 @@ def _set_up(args, run, backend):
                                         shares=backend.num_processes)  # fmt: skip
 
     text = training_split(tagged=len(pairs) > 1)  # a new tokenizer's sample
-    tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief, symbols=languages.tags(pairs))
+    tokenizer = get_tokenizer(run, text, args.vocab_size, backend.is_chief, symbols=languages.tags(pairs),
+                              separate=args.separate_vocabularies)  # fmt: skip
     tagged = languages.tagging(pairs, tokenizer, run.tokenizer_path)
     if tagged and len(pairs) == 1:  # one pair of a run of several (--init-from): its sources tagged as they learned
         text = training_split(tagged=True)
-    overrides = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
-    overrides["max_length"] = args.max_length
+    given = {name: getattr(args, name) for name in MODEL_FIELDS if getattr(args, name) is not None}
+    overrides = {**given, "max_length": args.max_length}
+    if not tokenizer.one_vocabulary:  # --separate-vocabularies, or a run of them (--init-from)
+        overrides["source_vocab_size"] = tokenizer.source.vocab_size
     config = TransformerConfig.preset(args.config, tokenizer.target.vocab_size, **overrides)
     settings = {name: getattr(args, name) for name in vars(args)}
     settings.update(dataset=args.dataset, source_lang=pairs[0][0], target_lang=pairs[0][1], processes=backend.num_processes,
                     pairs=",".join(map(languages.pair_name, pairs)))  # fmt: skip
-    if origin:
-        check_same_model(RunFolder(origin["run"]).config(), config, args.init_from)
+    if origin:  # the source's model; this command's flags give dropout and the training
+        config = fine_tuned_config(RunFolder(origin["run"]).config(), config, given, args.init_from)
         resumed = run.segments()[0]["settings"] if tf.io.gfile.exists(run.settings_path) else {}
         settings["init_from"] = resumed.get("init_from", origin)  # a resume keeps the origin of its start
     changes = run.check_resume(config, settings)
