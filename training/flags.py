@@ -178,7 +178,8 @@ FLAGS = (
     Flag("no_evaluate", bool, help="skip the test evaluation at the end"),
     Flag("init_from", help="fine-tune: start a new run from another run's checkpoint (latest, a step, averaged or "
          "best; default latest), with its tokenizer and model (model flags that differ are refused; dropout and "
-         "--max-length are these flags'), a fresh optimizer and these flags' schedule and data", options=dict(metavar="RUN[:CHECKPOINT]")),  # fmt: skip
+         "--max-length are these flags'), a fresh optimizer and these flags' schedule and data",
+         options=dict(metavar="RUN[:CHECKPOINT]")),  # fmt: skip
     Flag("seed", int, 0, resume=REFUSED, corpus=True),  # the synthetic corpus' too
 )  # fmt: skip
 

@@ -55,12 +55,12 @@ def import_marian(source, run_dir, settings):
     tokenizer = Tokenizer(Vocabulary.load(paths["source"], source_pieces, tags=True),
                           Vocabulary.load(paths["target"], target_pieces))  # fmt: skip
     named_source, named_target = default_languages(source)
+    tagged = languages.languages(tokenizer)  # the targets of a multi-target model
     source_lang = settings["source_lang"] or named_source
-    targets = settings["target_lang"].split(",") if settings["target_lang"] else \
-        list(languages.languages(tokenizer)) or [named_target]  # fmt: skip
+    targets = settings["target_lang"].split(",") if settings["target_lang"] else list(tagged) or [named_target]
     if not source_lang or None in targets:
         raise ValueError(f"{source} does not name its languages (...-SRC-TGT): give --source-lang and --target-lang.")
-    if languages.languages(tokenizer):
+    if tagged:
         languages.check_vocabulary(tokenizer, targets, source)
     pairs = [(source_lang, target) for target in targets]
     settings = {**settings, "source_lang": source_lang, "target_lang": targets[0],
