@@ -45,10 +45,11 @@ def test_training_killed_with_sigkill_resumes_where_it_stopped(artifacts, tmp_pa
     env = suite_environment(os.environ, optimized=True)  # XLA's kernels as the shared run's, which rounded alike
 
     # Killed as soon as the run announces its checkpoint at step 20, then run again.
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               start_new_session=True)  # fmt: skip
     for line in process.stdout:
         if "checkpoints/ckpt-20 at step 20." in line:
-            process.send_signal(signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)  # the group: `timeout` and the training (a SIGKILL is not passed on)
             break
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the run ended before its checkpoint at step 20"
