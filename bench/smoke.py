@@ -44,7 +44,10 @@ def export(scratch, beam_size=4):
     from export.saved_model import export as export_run
     from keras_transformer.search import DecodingSettings
 
-    return export_run(run(scratch), os.path.join(scratch, "exports"), DecodingSettings(beam_size=beam_size), version=beam_size)
+    base = os.path.join(scratch, "exports")
+    if os.path.exists(os.path.join(base, str(beam_size))):  # exported by an earlier call
+        return os.path.join(base, str(beam_size))
+    return export_run(run(scratch), base, DecodingSettings(beam_size=beam_size), version=beam_size)
 
 
 def corpus(scratch, names=("train", "val", "test2016"), seed=0, sizes=(300, 8, 8), targets=("de",)):

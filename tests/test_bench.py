@@ -179,6 +179,25 @@ def test_multi30k_names_the_missing_files_and_takes_the_repositorys_test_name(tm
         multi30k.test_split(str(tmp_path))
 
 
+def test_without_the_suites_exports_a_smoke_mode_exports_the_run_once_per_beam_size(tmp_path, monkeypatch):
+    from export import saved_model
+
+    made = []
+
+    def exported(run_dir, base, settings, version):
+        made.append((run_dir, settings.beam_size, version))
+        os.makedirs(os.path.join(base, str(version)))
+        return os.path.join(base, str(version))
+
+    monkeypatch.setattr(saved_model, "export", exported)
+    monkeypatch.setattr(smoke, "run", lambda scratch: "the run")
+    for variable in (smoke.EXPORT_VARIABLE, smoke.GREEDY_EXPORT_VARIABLE):
+        monkeypatch.delenv(variable, raising=False)
+    beam = smoke.export(str(tmp_path))
+    assert smoke.export(str(tmp_path)) == beam != smoke.export(str(tmp_path), beam_size=1)  # compare_exports asks twice
+    assert made == [("the run", 4, 4), ("the run", 1, 1)]
+
+
 def test_the_smoke_runner_names_an_unknown_benchmark_and_the_known_ones(capsys):
     from bench.__main__ import main
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from artifacts import MARIAN
+from artifacts import MARIAN, suite_environment
 from training.recipes import MECHANICS, TINY
 from conftest import CLOCKED, CLOCKED_CHECKPOINTS, CLOCKED_STOP, ROOT
 from training.run_folder import RunFolder
@@ -35,28 +35,27 @@ def _assert_same_weights(first, second, atol=1e-5):
 
 # Under JAX, test_jax's crash while saving checks the same: a resumed run ends as one never stopped.
 @pytest.mark.slow
-def test_training_killed_with_sigkill_resumes_where_it_stopped(artifacts, tmp_path, capsys):
-    from training import train
-
+def test_training_killed_with_sigkill_resumes_where_it_stopped(artifacts, tmp_path):
     straight = artifacts.tf_run  # the same recipe, uninterrupted, with evaluation (which changes no weight)
     resumed = tmp_path / "resumed"
     os.makedirs(resumed)
     shutil.copy(os.path.join(straight, "tokenizer.model"), resumed / "tokenizer.model")
     flags = ["--run-dir", str(resumed), *TINY, "--steps", "40", "--no-evaluate"]  # its first 40 steps
+    command = ["timeout", "600", sys.executable, "-m", "training.train", *flags]
+    env = suite_environment(os.environ, optimized=True)  # XLA's kernels as the shared run's, which rounded alike
 
-    # Killed as soon as the run announces its checkpoint at step 20.
-    process = subprocess.Popen(["timeout", "600", sys.executable, "-m", "training.train", *flags], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    # Killed as soon as the run announces its checkpoint at step 20, then run again.
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               start_new_session=True)  # fmt: skip
     for line in process.stdout:
         if "checkpoints/ckpt-20 at step 20." in line:
-            process.send_signal(signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)  # the group: `timeout` and the training (a SIGKILL is not passed on)
             break
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the run ended before its checkpoint at step 20"
-
-    capsys.readouterr()
-    train.main(flags)  # the rerun: in this process
-    out = capsys.readouterr().out
+    rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    out = rerun.stdout
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
     resumed_from = int(out.split("Resumed from ")[1].split(" at step ")[1].split(".")[0])
     assert 20 <= resumed_from < 40, out
     assert f"Resumed from {resumed}/checkpoints/ckpt-{resumed_from} at step {resumed_from}." in out
