@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -199,17 +200,44 @@ def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activ
         np.testing.assert_array_equal(variable.numpy(), same.numpy(), err_msg=variable.path)
 
 
-def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(tmp_path):
+def test_hugging_faces_pytorch_model_bin_imports_as_its_safetensors_where_torch_is_installed(tmp_path):
+    """Optional: where torch is installed (not among the requirements), a pytorch_model.bin of the
+    same tensors imports to the same model; tests/test_marian.py's next test checks the refusal
+    without it."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    write_marian_model(tmp_path / "marian")
+    safetensors = write_hugging_face_model(tmp_path / "hf", tmp_path / "marian")
+    pickled = write_hugging_face_model(tmp_path / "pytorch", tmp_path / "marian")
+    tensors = load_file(str(pickled / "model.safetensors"))
+    (pickled / "model.safetensors").unlink()
+    torch.save({name: torch.from_numpy(value) for name, value in tensors.items()}, str(pickled / "pytorch_model.bin"))
+    (one, *one_vocabulary), (other, *other_vocabulary) = (marian.load_marian(f) for f in (safetensors, pickled))
+    assert one.config == other.config and one_vocabulary == other_vocabulary
+    for variable, same in zip(one.weights, other.weights, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), same.numpy(), err_msg=variable.path)
+    torch.save({"not a tensor": object()}, str(pickled / "pytorch_model.bin"))
+    with pytest.raises(ValueError, match=f"{pickled / 'pytorch_model.bin'}: torch cannot read it as tensors"):
+        marian.load_marian(pickled)
+
+
+def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(tmp_path, monkeypatch):
     write_marian_model(tmp_path / "marian")
     folder = write_hugging_face_model(tmp_path / "hf", tmp_path / "marian")
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
-    with pytest.raises(ValueError, match=f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs"):
+    with monkeypatch.context() as without_torch:
+        without_torch.setitem(sys.modules, "torch", None)  # `import torch` fails, as where it is not installed
+        with pytest.raises(ValueError, match=f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs torch"):
+            marian.load_marian(folder)
+    (folder / "pytorch_model.bin").unlink()
+    with pytest.raises(ValueError, match=f"{folder} has neither model.safetensors nor pytorch_model.bin"):
         marian.load_marian(folder)
+    write_hugging_face_model(tmp_path / "hf", tmp_path / "marian")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "bart"}))
     with pytest.raises(ValueError, match=f"{folder / 'config.json'}: model_type 'bart': only marian can be imported"):
         marian.load_marian(folder)
-    (folder / "pytorch_model.bin").rename(folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))  # an output matrix of its own
     with pytest.raises(ValueError, match=f"{folder / 'config.json'}: tie_word_embeddings False; only True can be imported"):
         marian.load_marian(folder)
