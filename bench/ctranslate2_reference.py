@@ -30,10 +30,28 @@ def convert(model, directory, candidates=None):
     files = {}
     if candidates is not None:
         os.makedirs(directory, exist_ok=True)
-        files["vmap.txt"] = os.path.join(directory, "candidates.txt")
-        with open(files["vmap.txt"], "w") as f:
-            f.write("\t" + " ".join(token(int(i)) for i in candidates) + "\n")
+        files["vmap.txt"] = _vocabulary_map(os.path.join(directory, "candidates.txt"), candidates)
     return conversion.convert(model, directory, vocabulary, add_source_eos=False, files=files)
+
+
+def convert_opus_mt(release, directory, candidates=None):
+    """The OPUS-MT release folder `release` (its pieces named by `token` of our ids:
+    bench/decode.py's `--marian`) converted by CTranslate2's own OpusMTConverter into
+    `directory`, with `candidates` as `convert`'s; returns the directory. The converted model
+    appends the end of sentence to each source itself."""
+    from ctranslate2.converters import OpusMTConverter
+
+    OpusMTConverter(release).convert(directory, force=True)
+    if candidates is not None:
+        _vocabulary_map(os.path.join(directory, "vmap.txt"), candidates)
+    return directory
+
+
+def _vocabulary_map(path, candidates):
+    """Writes CTranslate2's vocabulary map of `candidates` (ids) for every source; returns `path`."""
+    with open(path, "w") as f:
+        f.write("\t" + " ".join(token(int(i)) for i in candidates) + "\n")
+    return path
 
 
 # CTranslate2 multiplies matrices with Intel MKL on Intel CPUs and with oneDNN elsewhere

@@ -108,7 +108,9 @@ BENCHMARKS = {
     "decode": Benchmark(
         {"mode", "beam_size", "xla", "gen_tokens_per_s", "peak_rss_mb"},
         lambda s: [["--batch=2", "--length=4", "--d-model=16", "--layers=1", "--d-ff=32", "--vocab-size=50", "--repeats=1",
-                    "--rounds=1", "--shortlist=20", "--ctranslate2-types=float32,int8"]]),
+                    "--rounds=1", "--shortlist=20", "--ctranslate2-types=float32,int8"],
+                   [f"--marian={os.path.join(s, 'opus-mt')}", "--batch=2", "--length=4", "--d-model=16", "--layers=1",
+                    "--d-ff=32", "--vocab-size=50", "--repeats=1", "--rounds=1", "--modes=served,ctranslate2"]]),
     "decode_profile": Benchmark(
         {"batch", "wall_ms_per_call", "loop_steps_per_call", "ops_per_step", "op_us_per_step", "op_types"},
         lambda s: [[f"--export-dir={export(s)}", f"--sentences={sentences(s)}", "--calls=1"]],

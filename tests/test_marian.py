@@ -9,12 +9,13 @@ import dataclasses
 import io
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-import yaml
 
+from bench import marian_release
 from conftest import SAVED_MODEL_CLI, assert_stock_cpu_graph, warmup_requests
 from export import ctranslate2 as conversion
 from keras_transformer.common import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
@@ -31,122 +32,22 @@ MAX_LENGTH = 9
 END_BIAS = 1.5  # on </s>'s logit, so that some outputs end before the length limit
 
 
-def marian_weights(rng, vocab, encoder_layers, decoder_layers, source_vocab=None):
-    """Random arrays under Marian's names and shapes (W `[in, out]`, b and LayerNorms `[1, n]`):
-    one embedding `Wemb`, or with `source_vocab` the source's and the target's."""
-    def matrix(*shape):
-        return rng.normal(0, 0.4, shape).astype(np.float32)
-
-    def row(n, around=0.0):
-        return (around + rng.normal(0, 0.3, (1, n))).astype(np.float32)
-
-    if source_vocab is None:
-        weights = {"Wemb": matrix(vocab, D_MODEL)}
-    else:
-        weights = {"encoder_Wemb": matrix(source_vocab, D_MODEL), "decoder_Wemb": matrix(vocab, D_MODEL)}
-    weights["decoder_ff_logit_out_b"] = row(vocab)
-    weights["decoder_ff_logit_out_b"][0, 0] += END_BIAS
-
-    def layer(scope, attentions):
-        for attention in attentions:
-            for name in "qkvo":
-                weights[f"{scope}_{attention}_W{name}"] = matrix(D_MODEL, D_MODEL)
-                weights[f"{scope}_{attention}_b{name}"] = row(D_MODEL)
-            weights[f"{scope}_{attention}_Wo_ln_scale"] = row(D_MODEL, 1.0)
-            weights[f"{scope}_{attention}_Wo_ln_bias"] = row(D_MODEL)
-        weights[f"{scope}_ffn_W1"], weights[f"{scope}_ffn_b1"] = matrix(D_MODEL, D_FF), row(D_FF)
-        weights[f"{scope}_ffn_W2"], weights[f"{scope}_ffn_b2"] = matrix(D_FF, D_MODEL), row(D_MODEL)
-        weights[f"{scope}_ffn_ffn_ln_scale"], weights[f"{scope}_ffn_ffn_ln_bias"] = row(D_MODEL, 1.0), row(D_MODEL)
-
-    for number in range(1, encoder_layers + 1):
-        layer(f"encoder_l{number}", ["self"])
-    for number in range(1, decoder_layers + 1):
-        layer(f"decoder_l{number}", ["self", "context"])
-    return weights
-
-
 def write_marian_model(folder, activation="swish", encoder_layers=2, decoder_layers=1, seed=0, separate=False,
                        pieces=PIECES, source_pieces=SOURCE_PIECES, **options):  # fmt: skip
-    """An OPUS-MT release folder of random weights: model.npz (with its special:model.yml),
-    vocab.yml of `pieces` (or with `separate`, source.vocab.yml of `source_pieces` and
+    """An OPUS-MT release folder of random weights at this module's sizes (bench/marian_release.py):
+    model.npz, vocab.yml of `pieces` (or with `separate`, source.vocab.yml of `source_pieces` and
     target.vocab.yml of `pieces`, as models of two vocabularies have) and decoder.yml. `options`
     replace Marian's options in the model. Returns the folder's (model, target vocabulary) paths."""
-    source_pieces = source_pieces if separate else pieces
-    folder.mkdir(parents=True, exist_ok=True)
-    model_options = {"type": "transformer", "dim-emb": D_MODEL, "enc-depth": encoder_layers,
-                     "dec-depth": decoder_layers,
-                     "transformer-heads": HEADS, "transformer-dim-ffn": D_FF, "transformer-ffn-activation": activation,
-                     "transformer-preprocess": "", "transformer-postprocess": "dan", "transformer-postprocess-emb": "d",
-                     "transformer-decoder-autoreg": "self-attention", "transformer-no-projection": False,
-                     "transformer-guided-alignment-layer": "last", "tied-embeddings-all": not separate,
-                     "tied-embeddings": separate, "dim-vocabs": [len(source_pieces), len(pieces)],
-                     **options}  # fmt: skip
-    weights = marian_weights(np.random.default_rng(seed), len(pieces), encoder_layers, decoder_layers,
-                             len(source_pieces) if separate else None)
-    config = yaml.safe_dump(model_options).encode() + b"\0"  # Marian stores it as a C string
-    np.savez(folder / "model.npz", **weights, **{"special:model.yml": np.frombuffer(config, np.int8)})
-    names = ["source.vocab.yml", "target.vocab.yml"] if separate else ["vocab.yml", "vocab.yml"]
-    for name, side in zip(names, (source_pieces, pieces)):
-        lines = [piece if piece in PLAIN else json.dumps(piece, ensure_ascii=False) for piece in side]  # UTF-8
-        (folder / name).write_text("".join(f"{piece}: {i}\n" for i, piece in enumerate(lines)), encoding="utf-8")
-    (folder / "decoder.yml").write_text(yaml.safe_dump({"models": ["model.npz"], "vocabs": names}))
-    return folder / "model.npz", folder / names[1]
+    return marian_release.write_release(
+        folder, pieces, d_model=D_MODEL, heads=HEADS, d_ff=D_FF, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+        activation=activation, seed=seed, source_pieces=source_pieces if separate else None, plain=PLAIN, end_bias=END_BIAS,
+        **options)  # fmt: skip
 
 
 def write_hugging_face_model(folder, marian_folder, source_pieces=None):
-    """The Marian model in `marian_folder` in Hugging Face's form, as its conversion writes it:
-    config.json, model.safetensors (torch's Linear weights `[out, in]`; one shared embedding with
-    a zero row for <pad>, the last id, which starts the decoder) and vocab.json; for a model of
-    two vocabularies (`source_pieces`, as many as PIECES), the encoder's and the decoder's
-    embeddings, and vocab.json of the source's pieces and target_vocab.json of the target's."""
-    from safetensors.numpy import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    with np.load(marian_folder / "model.npz") as npz:
-        weights = {name: npz[name] for name in npz.files}
-    options = yaml.safe_load(weights.pop("special:model.yml").tobytes().rstrip(b"\0"))
-    vocab = len(PIECES)
-
-    def padded(embedding):
-        return np.concatenate([embedding, np.zeros((1, D_MODEL), np.float32)])
-
-    tensors = {"final_logits_bias": np.pad(weights["decoder_ff_logit_out_b"], ((0, 0), (0, 1)))}
-    if source_pieces is None:
-        tensors["model.shared.weight"] = padded(weights["Wemb"])
-    else:
-        tensors["model.encoder.embed_tokens.weight"] = padded(weights["encoder_Wemb"])
-        tensors["model.decoder.embed_tokens.weight"] = tensors["lm_head.weight"] = padded(weights["decoder_Wemb"])
-    for stack, count in (("encoder", options["enc-depth"]), ("decoder", options["dec-depth"])):
-        for i in range(count):
-            marian_scope, theirs = f"{stack}_l{i + 1}", f"model.{stack}.layers.{i}"
-            attentions = [("self", "self_attn")] + ([("context", "encoder_attn")] if stack == "decoder" else [])
-            for scope, name in attentions:
-                for letter, projection in zip("qkvo", ("q_proj", "k_proj", "v_proj", "out_proj")):
-                    kernel = weights[f"{marian_scope}_{scope}_W{letter}"]
-                    tensors[f"{theirs}.{name}.{projection}.weight"] = np.ascontiguousarray(kernel.T)
-                    tensors[f"{theirs}.{name}.{projection}.bias"] = weights[f"{marian_scope}_{scope}_b{letter}"].ravel()
-                tensors[f"{theirs}.{name}_layer_norm.weight"] = weights[f"{marian_scope}_{scope}_Wo_ln_scale"].ravel()
-                tensors[f"{theirs}.{name}_layer_norm.bias"] = weights[f"{marian_scope}_{scope}_Wo_ln_bias"].ravel()
-            for number in (1, 2):
-                kernel = weights[f"{marian_scope}_ffn_W{number}"]
-                tensors[f"{theirs}.fc{number}.weight"] = np.ascontiguousarray(kernel.T)
-                tensors[f"{theirs}.fc{number}.bias"] = weights[f"{marian_scope}_ffn_b{number}"].ravel()
-            tensors[f"{theirs}.final_layer_norm.weight"] = weights[f"{marian_scope}_ffn_ffn_ln_scale"].ravel()
-            tensors[f"{theirs}.final_layer_norm.bias"] = weights[f"{marian_scope}_ffn_ffn_ln_bias"].ravel()
-    save_file(tensors, str(folder / "model.safetensors"))
-    config = {"model_type": "marian", "d_model": D_MODEL, "encoder_layers": options["enc-depth"],
-              "decoder_layers": options["dec-depth"], "encoder_attention_heads": HEADS,
-              "decoder_attention_heads": HEADS, "encoder_ffn_dim": D_FF, "decoder_ffn_dim": D_FF,
-              "activation_function": options["transformer-ffn-activation"],
-              "vocab_size": vocab + 1, "pad_token_id": vocab, "eos_token_id": 0, "decoder_start_token_id": vocab,
-              "max_position_embeddings": 512, "scale_embedding": True, "normalize_before": False,
-              "share_encoder_decoder_embeddings": source_pieces is None, "decoder_vocab_size": vocab + 1,
-              "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0}  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config))
-    names = {"vocab.json": PIECES} if source_pieces is None else {"vocab.json": source_pieces, "target_vocab.json": PIECES}
-    for name, pieces in names.items():
-        (folder / name).write_text(json.dumps({**{p: i for i, p in enumerate(pieces)}, "<pad>": vocab}))
-    return folder
+    """The Marian model in `marian_folder` (of PIECES, or with `source_pieces` of two vocabularies)
+    in Hugging Face's form (bench/marian_release.py)."""
+    return marian_release.write_hugging_face(folder, marian_folder, PIECES, source_pieces)
 
 
 def sources(pieces=PIECES, n=6, seed=1):
@@ -299,17 +200,44 @@ def test_both_forms_of_the_same_weights_import_to_the_same_model(tmp_path, activ
         np.testing.assert_array_equal(variable.numpy(), same.numpy(), err_msg=variable.path)
 
 
-def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(tmp_path):
+def test_hugging_faces_pytorch_model_bin_imports_as_its_safetensors_where_torch_is_installed(tmp_path):
+    """Optional: where torch is installed (not among the requirements), a pytorch_model.bin of the
+    same tensors imports to the same model; tests/test_marian.py's next test checks the refusal
+    without it."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    write_marian_model(tmp_path / "marian")
+    safetensors = write_hugging_face_model(tmp_path / "hf", tmp_path / "marian")
+    pickled = write_hugging_face_model(tmp_path / "pytorch", tmp_path / "marian")
+    tensors = load_file(str(pickled / "model.safetensors"))
+    (pickled / "model.safetensors").unlink()
+    torch.save({name: torch.from_numpy(value) for name, value in tensors.items()}, str(pickled / "pytorch_model.bin"))
+    (one, *one_vocabulary), (other, *other_vocabulary) = (marian.load_marian(f) for f in (safetensors, pickled))
+    assert one.config == other.config and one_vocabulary == other_vocabulary
+    for variable, same in zip(one.weights, other.weights, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), same.numpy(), err_msg=variable.path)
+    torch.save({"not a tensor": object()}, str(pickled / "pytorch_model.bin"))
+    with pytest.raises(ValueError, match=f"{pickled / 'pytorch_model.bin'}: torch cannot read it as tensors"):
+        marian.load_marian(pickled)
+
+
+def test_hugging_faces_form_without_safetensors_or_of_another_model_is_refused(tmp_path, monkeypatch):
     write_marian_model(tmp_path / "marian")
     folder = write_hugging_face_model(tmp_path / "hf", tmp_path / "marian")
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
-    with pytest.raises(ValueError, match=f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs"):
+    with monkeypatch.context() as without_torch:
+        without_torch.setitem(sys.modules, "torch", None)  # `import torch` fails, as where it is not installed
+        with pytest.raises(ValueError, match=f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs torch"):
+            marian.load_marian(folder)
+    (folder / "pytorch_model.bin").unlink()
+    with pytest.raises(ValueError, match=f"{folder} has neither model.safetensors nor pytorch_model.bin"):
         marian.load_marian(folder)
+    write_hugging_face_model(tmp_path / "hf", tmp_path / "marian")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "bart"}))
     with pytest.raises(ValueError, match=f"{folder / 'config.json'}: model_type 'bart': only marian can be imported"):
         marian.load_marian(folder)
-    (folder / "pytorch_model.bin").rename(folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))  # an output matrix of its own
     with pytest.raises(ValueError, match=f"{folder / 'config.json'}: tie_word_embeddings False; only True can be imported"):
         marian.load_marian(folder)

@@ -2,8 +2,9 @@
 model's own config, its weights by their Marian names, its vocabulary in this project's ids.
 Either of its two published forms (`read_model`): Marian's release folder (`model.npz` with its
 `special:model.yml`, `*.vocab.yml`), or Hugging Face's (`config.json` of model_type marian,
-`model.safetensors`, `vocab.json`, and `target_vocab.json` for a model of two vocabularies),
-whose tensors are renamed to Marian's on reading.
+`model.safetensors` or, where torch is installed, `pytorch_model.bin`, `vocab.json`, and
+`target_vocab.json` for a model of two vocabularies), whose tensors are renamed to Marian's on
+reading.
 
 Marian's model is the paper's post-norm Transformer (`--transformer-postprocess dan`) with the
 options TransformerConfig has for it: the swish activation, a sine half and a cosine half of the
@@ -179,14 +180,15 @@ def read_hugging_face(folder):
     if config.get("model_type") != "marian":
         raise ValueError(f"{config_path}: model_type {config.get('model_type')!r}: only marian can be imported.")
     path = os.path.join(folder, "model.safetensors")
-    if not os.path.exists(path):
-        if os.path.exists(os.path.join(folder, "pytorch_model.bin")):
-            raise ValueError(f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs torch. "
-                             "Save the model with safe_serialization=True first.")  # fmt: skip
-        raise ValueError(f"{folder} has no model.safetensors.")
-    from safetensors.numpy import load_file
+    if os.path.exists(path):
+        from safetensors.numpy import load_file
 
-    tensors = load_file(path)
+        tensors = load_file(path)
+    elif os.path.exists(os.path.join(folder, "pytorch_model.bin")):
+        path = os.path.join(folder, "pytorch_model.bin")
+        tensors = _torch_tensors(path, folder)
+    else:
+        raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin.")
     for name, value in (("encoder_attention_heads", config.get("decoder_attention_heads")),
                         ("encoder_ffn_dim", config.get("decoder_ffn_dim"))):  # fmt: skip
         if config.get(name) != value:
@@ -235,6 +237,21 @@ def read_hugging_face(folder):
             weights[f"{marian}_ffn_ffn_ln_scale"] = take(f"{theirs}.final_layer_norm.weight")
             weights[f"{marian}_ffn_ffn_ln_bias"] = take(f"{theirs}.final_layer_norm.bias")
     return weights, options, vocabularies[0], vocabularies[-1], path
+
+
+def _torch_tensors(path, folder):
+    """The tensors of PyTorch's file `path` (pytorch_model.bin) as float32 NumPy arrays by name,
+    read by torch (tensors alone, `weights_only`), which must be installed."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"{folder} has pytorch_model.bin but no model.safetensors: reading it needs torch, which is not "
+                         "installed (pip install torch), or save the model with safe_serialization=True first.") from None  # fmt: skip
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # not a file torch saved, or of objects other than tensors
+        raise ValueError(f"{path}: torch cannot read it as tensors ({error}).") from None
+    return {name: value.float().numpy() for name, value in state.items() if isinstance(value, torch.Tensor)}
 
 
 def _hugging_face_vocabulary(path, pad):

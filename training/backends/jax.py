@@ -283,9 +283,8 @@ class JaxBackend(Backend):
         self._barrier(f"save {step}: folder made")
         self.checkpoint.write(self._data_prefix(folder))
         self._barrier(f"save {step}: written")
-        if self.is_chief:  # state.json last: it marks the checkpoint complete
-            with tf.io.gfile.GFile(os.path.join(folder, "state.json"), "w") as f:
-                json.dump({"step": step, "train_seconds": train_seconds, "backend": self.name}, f)
+        if self.is_chief:  # state.json last, whole or not at all: it marks the checkpoint complete
+            run.write_json(os.path.join(folder, "state.json"), {"step": step, "train_seconds": train_seconds, "backend": self.name})
             for _, old in run.checkpoints()[: -self.keep]:
                 remove_tree(old)
         self._barrier(f"save {step}: done")
