@@ -211,6 +211,8 @@ def crash_mid_save(run_dir, *flags):
         train(parse_args(["--run-dir", run_dir, *flags]))
     except OSError as error:
         print(f"crashed: {error}")
+    finally:  # the session's next commands (the resume) write as usual
+        tf.io.gfile.GFile.write = original
     print(json.dumps(sorted(os.listdir(os.path.join(run_dir, "checkpoints")))))
 
 
