@@ -8,9 +8,6 @@ transformers`); without them the rows are skipped with a message.
 
 import os
 
-import numpy as np
-
-from keras_transformer import EOS_ID, UNK_ID
 from training import marian
 
 
@@ -40,8 +37,7 @@ def translate(model, source_ids, beam_size, length, forced=False):
     configs ban it)."""
     import torch
 
-    theirs = np.where(source_ids == EOS_ID, marian.MARIAN_EOS, np.where(source_ids == UNK_ID, marian.MARIAN_UNK,
-                                                                          source_ids - marian.NEW_ROWS))  # fmt: skip
+    theirs = marian.marian_id(source_ids)
     pad = model.config.pad_token_id
     with torch.inference_mode():
         outputs = model.generate(input_ids=torch.as_tensor(theirs), attention_mask=torch.ones(theirs.shape, dtype=torch.long),

@@ -124,6 +124,7 @@ def test_the_vocabulary_takes_our_layout_and_plain_pieces_stay_strings(tmp_path)
     assert (ours[PAD_ID], ours[1], ours[BOS_ID], ours[EOS_ID]) == ("<pad>", "<unk>", "<s>", "</s>")
     assert ours[4:] == PIECES[2:]
     assert [ours[i] for i in marian.our_id(np.arange(len(PIECES)))] == PIECES
+    assert [PIECES[i] for i in marian.marian_id([UNK_ID, EOS_ID, *range(4, len(ours))])] == ours[1:2] + ours[3:]
 
 
 # (seed 2 of the model of two vocabularies: one whose outputs end at several lengths)

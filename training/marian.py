@@ -46,6 +46,13 @@ def our_id(marian_id):
     return np.where(marian_id == MARIAN_EOS, EOS_ID, np.where(marian_id == MARIAN_UNK, UNK_ID, marian_id + NEW_ROWS))
 
 
+def marian_id(our):
+    """Marian's id of our id `our` (an int or an int array; not padding or the begin of sentence,
+    which Marian lacks): `our_id`'s inverse."""
+    our = np.asarray(our)
+    return np.where(our == EOS_ID, MARIAN_EOS, np.where(our == UNK_ID, MARIAN_UNK, our - NEW_ROWS))
+
+
 def vocabulary_in_our_ids(pieces):
     """Marian's vocabulary (the piece of each of its ids) as ours: `len(pieces) + 2` pieces,
     padding's and the begin of sentence's named `<pad>` and `<s>`."""
